@@ -1,0 +1,106 @@
+"""Generation stages: ``prefill`` a suffix on a past, ``decode_step`` one token, ``Sampler``.
+
+Positions are the single source of truth: the token at absolute position p is fed with
+``cache_position = position_ids = p``, whether its past came from the cache or from this request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+PREFILL_CHUNK_TOKENS = 512
+"""Prefill in chunks of this many tokens, so a cancelled request stops between chunks."""
+
+
+class Cancelled(Exception):
+    """The request was cancelled (its client went away) during prefill."""
+
+
+@torch.inference_mode()
+def prefill(
+    model: Any,
+    suffix_ids: Sequence[int],
+    past: DynamicCache,
+    start_pos: int,
+    is_cancelled: Callable[[], bool] = lambda: False,
+) -> torch.Tensor:
+    """Feed ``suffix_ids`` at positions ``start_pos ..`` on top of ``past`` (grown in place).
+
+    Args:
+        suffix_ids: at least one token id.
+        past: K/V of positions ``[0, start_pos)``.
+
+    Returns:
+        Logits of the last position, ``[vocab_size]`` float32.
+
+    Raises:
+        Cancelled: ``is_cancelled()`` turned true between chunks.
+    """
+    assert len(suffix_ids) > 0 and past.get_seq_length() == start_pos
+    logits = None
+    for offset in range(0, len(suffix_ids), PREFILL_CHUNK_TOKENS):
+        if is_cancelled():
+            raise Cancelled
+        chunk = suffix_ids[offset : offset + PREFILL_CHUNK_TOKENS]
+        logits = _forward(model, chunk, past, start_pos + offset)
+    assert logits is not None
+    return logits
+
+
+@torch.inference_mode()
+def decode_step(model: Any, token_id: int, past: DynamicCache, pos: int) -> torch.Tensor:
+    """Feed one token at position ``pos``; returns the next-token logits ``[vocab_size]``."""
+    return _forward(model, [token_id], past, pos)
+
+
+def _forward(model: Any, ids: Sequence[int], past: DynamicCache, start: int) -> torch.Tensor:
+    device = next(model.parameters()).device
+    positions = torch.arange(start, start + len(ids), device=device)
+    out = model(
+        input_ids=torch.tensor([list(ids)], device=device),
+        cache=past,
+        cache_position=positions,
+        position_ids=positions.unsqueeze(0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[0, -1].float()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """OpenAI sampling parameters. ``temperature`` 0 means greedy (argmax)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+class Sampler:
+    """Draws next tokens; reproducible for a given ``seed``."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.generator = torch.Generator()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """Next token id from ``logits`` ``[vocab_size]``."""
+        if self.params.temperature <= 1e-5:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / self.params.temperature, dim=-1)
+        if self.params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # keep the smallest set whose mass reaches top_p (always at least one token)
+            drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= self.params.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -1,0 +1,268 @@
+"""The request worker: one thread that runs model compute, fed by a bounded queue.
+
+Ranges of one request (n prompt tokens, k leading blocks cached and verified, g generated)::
+
+    prompt_ids                                                  generated
+    |<------ reused r = min(128k, n-1) ------>|<-- prefilled -->|<--- decoded --->|
+    0                                         r                 n             n+g-1 (last token
+    blocks saved after prefill:  [k, n // 128)                                     is never fed)
+    blocks saved at the end:     [n // 128, (n + g - 1) // 128)
+
+NOTE: r is capped at n - 1 so the last prompt token is always computed: its logits are what we
+sample from. A fully cached prompt whose length is a multiple of 128 reuses 127 tokens of its
+last block and prefills exactly one token; no token is ever fed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+from engine.generate import Cancelled, Sampler, SamplingParams, decode_step, prefill
+from engine.kv import blocks_from_past, past_from_blocks
+from engine.loading import LoadedModel
+from engine.text import TextStream
+from hashing import BLOCK_SIZE, Namespace, namespace_digest
+from store.interface import PrefixCache
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class EngineBusy(Exception):
+    """The request queue is full; retry later."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion to compute.
+
+    Attributes:
+        prompt_ids: the prompt as token ids (at least one).
+        max_tokens: most tokens to generate (at least one).
+        sampling: temperature / top_p / seed.
+        stop: strings that end the completion (excluded from its text).
+        tenant: whose cache namespace to use (from the API key, never from the body).
+    """
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    """The prompt is computed: ``cached_tokens`` of its ``prompt_tokens`` came from the cache."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_s: float
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: FinishReason
+    completion_tokens: int
+    text: str = ""  # text held back until the end (see TextStream)
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+Event = PrefillDone | TokenDelta | Finished | Failed
+
+
+@dataclass
+class PrefillResult:
+    """A computed prompt: the logits of its last token and the past of all its tokens."""
+
+    logits: torch.Tensor  # [vocab_size] float32
+    past: DynamicCache  # K/V of positions [0, n)
+    cached_tokens: int
+    cached_blocks: int
+
+
+@dataclass
+class RequestHandle:
+    """The caller's side of a submitted request: events as they happen, and cancellation."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, event: Event) -> None:
+        """Called from the worker thread."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def cancel(self) -> None:
+        """Stop the generation at the next prefill chunk or decode step."""
+        self.cancelled.set()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self.events.get()
+            yield event
+            if isinstance(event, Finished | Failed):
+                return
+
+
+class Engine:
+    """Runs requests one at a time on a worker thread, through an optional prefix cache.
+
+    Args:
+        loaded: the model.
+        cache: the prefix cache, or None to serve uncached (``--no-cache``).
+        max_queue: requests waiting beyond the running one; more raise ``EngineBusy``.
+    """
+
+    def __init__(self, loaded: LoadedModel, cache: PrefixCache | None, max_queue: int = 64) -> None:
+        self.loaded = loaded
+        self.cache = cache
+        self._queue: queue.Queue[tuple[GenerationRequest, RequestHandle] | None] = queue.Queue(max_queue)
+        self._namespaces: dict[str, Namespace] = {}
+        self._thread = threading.Thread(target=self._run, name="kvproxy-engine", daemon=True)
+        self._thread.start()
+
+    def namespace(self, tenant: str) -> Namespace:
+        """The cache namespace of ``tenant`` for this model and KV dtype."""
+        if tenant not in self._namespaces:
+            self._namespaces[tenant] = namespace_digest(
+                model_fingerprint=self.loaded.fingerprint,
+                kv_dtype=self.loaded.kv_spec.dtype,
+                tenant=tenant,
+            )
+        return self._namespaces[tenant]
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request; events arrive on the returned handle (on the caller's event loop).
+
+        Raises:
+            EngineBusy: the queue is full.
+        """
+        handle = RequestHandle(asyncio.get_running_loop())
+        try:
+            self._queue.put_nowait((request, handle))
+        except queue.Full:
+            raise EngineBusy from None
+        return handle
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Finish the running request, stop the worker, flush pending cache saves."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        if self.cache is not None and not self.cache.flush(timeout_s):
+            log.warning("cache saves still pending after %.0f s at shutdown", timeout_s)
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            request, handle = item
+            if handle.cancelled.is_set():
+                handle.emit(Finished("cancelled", 0))
+                continue
+            try:
+                self.generate(request, handle.emit, handle.cancelled.is_set)
+            except Exception as exc:
+                log.exception("generation failed")
+                handle.emit(Failed(exc))
+
+    def prefill_prompt(
+        self, namespace: Namespace, prompt_ids: tuple[int, ...], is_cancelled: Callable[[], bool]
+    ) -> PrefillResult:
+        """Load the longest cached prefix of ``prompt_ids`` and prefill the rest.
+
+        Raises:
+            Cancelled: the request was cancelled between prefill chunks.
+        """
+        n = len(prompt_ids)
+        blocks = []
+        if self.cache is not None:
+            blocks = self.cache.lookup(namespace, prompt_ids, max_blocks=n // BLOCK_SIZE).blocks
+        reused = min(BLOCK_SIZE * len(blocks), n - 1)
+        past = past_from_blocks(blocks, reused)
+        logits = prefill(self.loaded.model, prompt_ids[reused:], past, reused, is_cancelled)
+        return PrefillResult(logits, past, reused, len(blocks))
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        emit: Callable[[Event], None],
+        is_cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Compute one request on this thread, emitting ``PrefillDone``, ``TokenDelta``s and
+        ``Finished``."""
+        namespace = self.namespace(request.tenant)
+        prompt = request.prompt_ids
+        n = len(prompt)
+        start = time.perf_counter()
+        try:
+            result = self.prefill_prompt(namespace, prompt, is_cancelled)
+        except Cancelled:
+            emit(Finished("cancelled", 0))
+            return
+        emit(PrefillDone(n, result.cached_tokens, time.perf_counter() - start))
+        self._save(namespace, prompt, result.cached_blocks, result.past, n // BLOCK_SIZE)
+
+        sampler = Sampler(request.sampling)
+        text = TextStream(self.loaded.tokenizer, request.stop)
+        generated: list[int] = []
+        logits = result.logits
+        reason: FinishReason = "length"
+        while len(generated) < request.max_tokens:
+            if is_cancelled():
+                emit(Finished("cancelled", len(generated)))
+                return
+            token = sampler(logits)
+            generated.append(token)
+            if token in self.loaded.eos_token_ids:
+                reason = "stop"
+                break
+            emit(TokenDelta(token, text.push(token)))
+            if text.stopped:
+                reason = "stop"
+                break
+            if len(generated) < request.max_tokens:
+                logits = decode_step(self.loaded.model, token, result.past, n + len(generated) - 1)
+        emit(Finished(reason, len(generated), text.finish()))
+
+        sequence = prompt + tuple(generated)
+        fed = result.past.get_seq_length()  # prompt + every generated token but the last
+        self._save(namespace, sequence, n // BLOCK_SIZE, result.past, fed // BLOCK_SIZE)
+
+    def _save(
+        self,
+        namespace: Namespace,
+        token_ids: tuple[int, ...],
+        first_block: int,
+        past: DynamicCache,
+        end_block: int,
+    ) -> None:
+        if self.cache is None or end_block <= first_block:
+            return
+        key, value = blocks_from_past(past, first_block, end_block)
+        self.cache.save(namespace, token_ids[: end_block * BLOCK_SIZE], first_block, key, value)

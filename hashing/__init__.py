@@ -1,0 +1,33 @@
+"""Block identity: tokens -> full 128-token blocks -> chained block hashes.
+
+Pure functions, no I/O. The rules are normative (DESIGN.md, "Block identity"):
+
+- namespace ``N = xxh3_128(canonical JSON of {format_version, model_fingerprint, kv_dtype,
+  block_size, tenant})``;
+- block 0: ``h0 = xxh3_128(N || ids[0:128] as little-endian uint32)``;
+- block i: ``hi = xxh3_128(h(i-1) || ids[128i:128i+128] as little-endian uint32)``.
+
+A partial last block is never hashed.
+"""
+
+from hashing.blocks import (
+    BLOCK_SIZE,
+    FORMAT_VERSION,
+    BlockHash,
+    Namespace,
+    block_hashes,
+    encode_token_ids,
+    namespace_digest,
+    num_full_blocks,
+)
+
+__all__ = [
+    "BLOCK_SIZE",
+    "FORMAT_VERSION",
+    "BlockHash",
+    "Namespace",
+    "block_hashes",
+    "encode_token_ids",
+    "namespace_digest",
+    "num_full_blocks",
+]

@@ -1,0 +1,90 @@
+"""Chained xxh3-128 block hashes over 128-token blocks (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import NewType
+
+import xxhash
+
+BLOCK_SIZE = 128
+"""Tokens per block. Part of every namespace, so changing it never reuses old blocks."""
+
+FORMAT_VERSION = 1
+"""Version of the block format (hash rule + blob layout). Bump it to invalidate every block."""
+
+BlockHash = NewType("BlockHash", bytes)
+"""16-byte xxh3-128 digest naming one block and, through the chain, all blocks before it."""
+
+Namespace = NewType("Namespace", bytes)
+"""16-byte xxh3-128 digest of what makes K/V reusable: format, model, KV dtype, block size, tenant."""
+
+
+def namespace_digest(
+    *,
+    model_fingerprint: str,
+    kv_dtype: str,
+    tenant: str,
+    block_size: int = BLOCK_SIZE,
+    format_version: int = FORMAT_VERSION,
+) -> Namespace:
+    """Digest of everything that must match for two requests to share K/V.
+
+    Args:
+        model_fingerprint: digest of the model's weight files and config (see
+            ``engine.loading.model_fingerprint``), so a changed checkpoint never reuses old K/V.
+        kv_dtype: torch dtype name of the stored K/V, e.g. ``"float32"``.
+        tenant: tenant id derived from the authenticated API key (never from the request body).
+        block_size: tokens per block.
+        format_version: ``FORMAT_VERSION`` unless testing.
+
+    Returns:
+        16 bytes: ``xxh3_128`` of the canonical JSON (sorted keys, no spaces, UTF-8).
+    """
+    doc = {
+        "block_size": block_size,
+        "format_version": format_version,
+        "kv_dtype": kv_dtype,
+        "model_fingerprint": model_fingerprint,
+        "tenant": tenant,
+    }
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return Namespace(xxhash.xxh3_128_digest(canonical.encode("utf-8")))
+
+
+def encode_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian uint32 (4 bytes each), independent of the platform.
+
+    Raises:
+        struct.error: a token id is negative or does not fit in 32 bits.
+    """
+    return struct.pack(f"<{len(token_ids)}I", *token_ids)
+
+
+def num_full_blocks(num_tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    """How many full blocks ``num_tokens`` tokens make; a partial last block does not count."""
+    return num_tokens // block_size
+
+
+def block_hashes(
+    token_ids: Sequence[int], namespace: Namespace, block_size: int = BLOCK_SIZE
+) -> list[BlockHash]:
+    """Chained hashes of the full blocks of ``token_ids``.
+
+    Args:
+        token_ids: the prompt (or prompt + completion) as token ids, length n.
+        namespace: from ``namespace_digest``; the root of the chain.
+        block_size: tokens per block.
+
+    Returns:
+        ``n // block_size`` hashes; hash i names tokens ``[0, (i+1)*block_size)``.
+    """
+    hashes: list[BlockHash] = []
+    parent: bytes = namespace
+    for i in range(num_full_blocks(len(token_ids), block_size)):
+        block = token_ids[i * block_size : (i + 1) * block_size]
+        parent = xxhash.xxh3_128_digest(parent + encode_token_ids(block))
+        hashes.append(BlockHash(parent))
+    return hashes

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server, its settings and the ``kvproxy`` command line."""

@@ -1,0 +1,46 @@
+"""The one settings class. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<field>``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "kvproxy"
+
+
+class Settings(BaseSettings):
+    """Everything kvproxy can be told; read once at start-up by the CLI or the app factory."""
+
+    model_config = SettingsConfigDict(env_prefix="KVPROXY_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="Known model name, Hugging Face checkpoint directory, or .gguf file.",
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where converted models (and, by default, blobs) live.",
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the block index.")
+    key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
+    blob_dir: Path | None = Field(None, description="Block blob directory (default: CACHE_DIR/blobs).")
+    ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
+    no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model and KV dtype.")
+    device: str = Field("cpu", description="Torch device for the model.")
+    redis_timeout: float = Field(0.25, gt=0, description="Seconds before a Redis operation fails.")
+    redis_retry: float = Field(
+        5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
+    )
+    max_queue: int = Field(64, ge=1, description="Requests that may wait for the engine.")
+
+    @property
+    def blob_root(self) -> Path:
+        return self.blob_dir if self.blob_dir is not None else self.cache_dir / "blobs"

@@ -1,0 +1,243 @@
+"""``BlockCache``: the facade that matches, loads, verifies and saves blocks.
+
+It composes the Redis index (metadata, TTLs), the blob store (tensors on disk) and the serde
+(verification). Every fault of those parts becomes a cache miss or a skipped save, counted and
+logged, never an exception for the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import redis
+import torch
+
+from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
+from store.blobs import BlobStore
+from store.breaker import CircuitBreaker
+from store.index import RedisIndex, new_entry
+from store.interface import CacheHealth, KVBlock, KVSpec, PrefixMatch
+from store.serde import BlockVerificationError, decode_block, encode_block
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheStats:
+    """Counters of this process (blocks unless named otherwise)."""
+
+    lookups: int = 0
+    blocks_matched: int = 0
+    blocks_loaded: int = 0
+    verification_failures: int = 0
+    blocks_saved: int = 0
+    save_errors: int = 0
+    saves_dropped: int = 0
+    redis_errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+
+@dataclass(frozen=True)
+class _SaveJob:
+    namespace: Namespace
+    token_ids: tuple[int, ...]
+    first_block: int
+    key: torch.Tensor
+    value: torch.Tensor
+
+
+class BlockCache:
+    """The prefix cache the engine is handed (implements ``store.interface.PrefixCache``).
+
+    Args:
+        index: the Redis index.
+        blobs: the blob store.
+        spec: shape and dtype every block must have.
+        ttl_s: TTL in seconds given to new entries and refreshed on every hit.
+        breaker_cooldown_s: how long to skip Redis after it failed.
+        max_pending_saves: bound of the background save queue (jobs); beyond it saves are dropped
+            and counted, so a slow disk never holds tensors without limit.
+    """
+
+    def __init__(
+        self,
+        index: RedisIndex,
+        blobs: BlobStore,
+        spec: KVSpec,
+        *,
+        ttl_s: int,
+        breaker_cooldown_s: float = 5.0,
+        max_pending_saves: int = 64,
+    ) -> None:
+        self.index = index
+        self.blobs = blobs
+        self.spec = spec
+        self.ttl_s = ttl_s
+        self.stats = CacheStats()
+        self.breaker = CircuitBreaker(breaker_cooldown_s)
+        self._saves: queue.Queue[_SaveJob] = queue.Queue(maxsize=max_pending_saves)
+        self._writer = threading.Thread(target=self._write_loop, name="kvproxy-saver", daemon=True)
+        self._writer.start()
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def lookup(self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch:
+        """See ``PrefixCache.lookup``: one Redis round trip, then read and verify in chain order."""
+        self.stats.add(lookups=1)
+        hashes = block_hashes(token_ids[: max_blocks * BLOCK_SIZE], namespace)
+        if not hashes or not self.breaker.allow():
+            return PrefixMatch([])
+        try:
+            entries = self.index.match(namespace, hashes, self.ttl_s)
+        except redis.RedisError as exc:
+            self._redis_failed("match", exc)
+            return PrefixMatch([])
+        self._redis_ok()
+        self.stats.add(blocks_matched=len(entries))
+
+        blocks: list[KVBlock] = []
+        for i in range(len(entries)):
+            block_hash = hashes[i]
+            try:
+                data = self.blobs.read(self.blobs.relative_path(namespace, block_hash))
+                block = decode_block(
+                    data,
+                    index=i,
+                    block_hash=block_hash,
+                    parent=hashes[i - 1] if i else None,
+                    namespace=namespace,
+                    token_ids=token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE],
+                    spec=self.spec,
+                )
+            except (OSError, BlockVerificationError) as exc:
+                # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
+                # never loaded, since their K/V depends on this one.
+                log.warning("cache block %d (%s) dropped: %s", i, block_hash.hex(), exc)
+                self.stats.add(verification_failures=1)
+                self._drop(namespace, block_hash)
+                break
+            blocks.append(block)
+        self.stats.add(blocks_loaded=len(blocks))
+        return PrefixMatch(blocks)
+
+    def _drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        try:
+            self.index.drop(namespace, block_hash)
+        except redis.RedisError as exc:
+            self._redis_failed("drop", exc)
+
+    # -- save ---------------------------------------------------------------------------------
+
+    def save(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        first_block: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+    ) -> None:
+        """See ``PrefixCache.save``: queue the blocks for the background writer."""
+        assert key.shape[2] % BLOCK_SIZE == 0, key.shape
+        job = _SaveJob(namespace, tuple(token_ids), first_block, key, value)
+        try:
+            self._saves.put_nowait(job)
+        except queue.Full:
+            self.stats.add(saves_dropped=key.shape[2] // BLOCK_SIZE)
+            log.warning("save queue full: %d blocks not cached", key.shape[2] // BLOCK_SIZE)
+
+    def flush(self, timeout_s: float) -> bool:
+        """See ``PrefixCache.flush``."""
+        with self._saves.all_tasks_done:
+            return self._saves.all_tasks_done.wait_for(
+                lambda: self._saves.unfinished_tasks == 0, timeout=timeout_s
+            )
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._saves.get()
+            try:
+                self._write(job)
+            except Exception:  # a bug here must not kill the writer thread
+                log.exception("unexpected error while saving blocks")
+                self.stats.add(save_errors=1)
+            finally:
+                self._saves.task_done()
+
+    def _write(self, job: _SaveJob) -> None:
+        num_blocks = job.key.shape[2] // BLOCK_SIZE
+        last = job.first_block + num_blocks
+        hashes = block_hashes(job.token_ids[: last * BLOCK_SIZE], job.namespace)
+        wanted = range(job.first_block, last)
+        if not self.breaker.allow():
+            return  # NOTE: a blob that cannot be indexed is never written
+        try:
+            missing = self.index.missing(job.namespace, [hashes[i] for i in wanted])
+        except redis.RedisError as exc:
+            self._redis_failed("exists", exc)
+            return
+        for i, needed in zip(wanted, missing, strict=True):
+            if not needed:
+                continue
+            span = slice((i - job.first_block) * BLOCK_SIZE, (i - job.first_block + 1) * BLOCK_SIZE)
+            block = KVBlock(
+                index=i,
+                block_hash=hashes[i],
+                token_ids=job.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE],
+                key=job.key[:, :, span],
+                value=job.value[:, :, span],
+            )
+            parent = hashes[i - 1] if i else None
+            path = self.blobs.relative_path(job.namespace, hashes[i])
+            data = encode_block(block, job.namespace, parent, self.spec)
+            try:
+                self.blobs.write(path, data)
+            except OSError as exc:
+                log.warning("cannot write block blob %s: %s", path, exc)
+                self.stats.add(save_errors=1)
+                return
+            try:
+                self.index.publish(job.namespace, hashes[i], new_entry(path, len(data), parent), self.ttl_s)
+            except redis.RedisError as exc:
+                self._redis_failed("publish", exc)
+                return
+            self.stats.add(blocks_saved=1)
+
+    # -- health -------------------------------------------------------------------------------
+
+    def health(self) -> CacheHealth:
+        """See ``PrefixCache.health``; pings Redis when the breaker lets a probe through."""
+        if not self.breaker.allow():
+            return "degraded"
+        try:
+            self.index.ping()
+        except redis.RedisError as exc:
+            self._redis_failed("ping", exc)
+            return "degraded"
+        self._redis_ok()
+        return "ok"
+
+    def _redis_failed(self, operation: str, exc: Exception) -> None:
+        self.stats.add(redis_errors=1)
+        if self.breaker.failure():
+            log.warning(
+                "Redis index unreachable during %s (%s): serving uncached; caching resumes on its "
+                "own when Redis answers. Start Redis or set KVPROXY_REDIS_URL.",
+                operation,
+                exc,
+            )
+
+    def _redis_ok(self) -> None:
+        if self.breaker.success():
+            log.info("Redis index answers again: caching resumed")

@@ -1,0 +1,87 @@
+"""Fixtures: a real Redis (own key prefix, cleaned up), tiny and default models loaded once."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from engine.loading import LoadedModel, load_model
+from proxy.app import create_app
+from proxy.config import Settings, default_cache_dir
+from store.blobs import BlobStore
+from store.cache import BlockCache
+from store.index import RedisIndex
+from tests.helpers import ServerThread, build_tiny_model
+
+REDIS_URL = os.environ.get("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def redis_client() -> redis.Redis:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"tests need Redis at {REDIS_URL} (start redis-server): {exc}")
+    return client
+
+
+@pytest.fixture
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A key prefix of this test's own; every key under it is deleted afterwards."""
+    prefix = f"kvptest-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A 2-layer random Llama with a byte-level BPE tokenizer, served as ``tiny``."""
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+    loaded = load_model(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
+    return dataclasses.replace(loaded, name="tiny")
+
+
+@pytest.fixture(scope="session")
+def default_model() -> LoadedModel:
+    """SmolLM2-135M-Instruct, fetched and converted once into the user's kvproxy cache dir."""
+    cache_dir = Path(os.environ.get("KVPROXY_CACHE_DIR", default_cache_dir()))
+    return load_model("smollm2-135m-instruct", cache_dir=cache_dir)
+
+
+@pytest.fixture
+def make_cache(redis_client: redis.Redis, key_prefix: str, tmp_path: Path) -> Callable[..., BlockCache]:
+    """Build a BlockCache on the real Redis under this test's prefix and a temp blob dir."""
+
+    def make(model: LoadedModel, ttl_s: int = 600) -> BlockCache:
+        return BlockCache(
+            RedisIndex(redis_client, key_prefix), BlobStore(tmp_path / "blobs"), model.kv_spec, ttl_s=ttl_s
+        )
+
+    return make
+
+
+@pytest.fixture
+def settings(key_prefix: str, tmp_path: Path) -> Settings:
+    """Settings of a test server: this test's key prefix and blob dir, the shared Redis."""
+    return Settings(
+        redis_url=REDIS_URL, key_prefix=key_prefix, blob_dir=tmp_path / "blobs", cache_dir=tmp_path
+    )
+
+
+@pytest.fixture
+def serve() -> Callable[..., ServerThread]:
+    """Start ``create_app(settings, model)`` on a real HTTP port; use as a context manager."""
+
+    def start(settings: Settings, model: LoadedModel) -> ServerThread:
+        return ServerThread(create_app(settings, model))
+
+    return start

@@ -1,0 +1,11 @@
+"""End-to-end tests run on the default model; they share one loaded copy (``default_model``)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,120 @@
+"""SmolLM2-135M-Instruct over real HTTP with the official ``openai`` client."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import inspect
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+from openai import OpenAI
+
+from hashing import BLOCK_SIZE
+from tests.conftest import REDIS_URL
+from tests.helpers import free_port
+
+MODEL = "smollm2-135m-instruct"
+# NOTE: real prose that ships with Python, so the test needs no network and no data files.
+SYSTEM = inspect.getdoc(argparse) + "\n\n" + inspect.getdoc(difflib)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+
+
+def ask(server, question: str, max_tokens: int = 24):
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    return client(server).chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens
+    )
+
+
+def rendered(tokenizer, question: str) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_simple_question_gets_a_sensible_answer(settings, default_model, serve) -> None:
+    """Non-streaming and streaming chat both answer Paris, and agree."""
+    with serve(settings, default_model) as server:
+        reply = client(server).chat.completions.create(
+            model=MODEL, messages=QUESTION, temperature=0, max_tokens=30
+        )
+        stream = client(server).chat.completions.create(
+            model=MODEL, messages=QUESTION, temperature=0, max_tokens=30, stream=True
+        )
+        streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "Paris" in reply.choices[0].message.content
+    assert streamed == reply.choices[0].message.content
+
+
+def test_shared_system_prompt_hits_and_matches_no_cache(settings, default_model, serve) -> None:
+    """Two questions under one long system prompt: the second reuses every full shared block and
+    answers token for token like a --no-cache server; a restarted server still hits."""
+    tokenizer = default_model.tokenizer
+    first_q, second_q = "Summarize the first module in one sentence.", "Which class compares sequences?"
+    a, b = rendered(tokenizer, first_q), rendered(tokenizer, second_q)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert shared >= 600
+    expected_cached = BLOCK_SIZE * (shared // BLOCK_SIZE)
+
+    with serve(settings, default_model) as server:
+        first = ask(server, first_q)
+        server.app.state.cache.flush(60)
+        second = ask(server, second_q)
+    with serve(settings.model_copy(update={"no_cache": True}), default_model) as baseline:
+        cold = ask(baseline, second_q)
+    with serve(settings, default_model) as restarted:
+        again = ask(restarted, second_q)
+
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens == len(b)
+    assert second.usage.prompt_tokens_details.cached_tokens == expected_cached
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].message.content == cold.choices[0].message.content
+    assert second.usage.completion_tokens == cold.usage.completion_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens >= expected_cached
+    assert again.choices[0].message.content == cold.choices[0].message.content
+
+
+def test_kvproxy_serve_command(tmp_path, key_prefix) -> None:
+    """The README's server: `kvproxy serve` as a process, then one chat request."""
+    port = free_port()
+    env = os.environ | {
+        "KVPROXY_PORT": str(port),
+        "KVPROXY_REDIS_URL": REDIS_URL,
+        "KVPROXY_KEY_PREFIX": key_prefix,
+        "KVPROXY_BLOB_DIR": str(tmp_path / "blobs"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                health = httpx.get(f"{url}/health", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "kvproxy serve did not come up"
+                time.sleep(0.5)
+        reply = OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions.create(
+            model=MODEL, messages=QUESTION, temperature=0, max_tokens=20
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert health["cache"] == "ok" and health["model"] == MODEL
+    assert "Paris" in reply.choices[0].message.content
