@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import heapq
-import subprocess
 import inspect
+import subprocess
 import time
 
 from openai import OpenAI
@@ -44,7 +44,9 @@ def ask(client: OpenAI, model: str, question: str, max_tokens: int) -> tuple[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cached", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--baseline", default="http://127.0.0.1:8001/v1")
     parser.add_argument("--model", default="smollm2-135m-instruct")

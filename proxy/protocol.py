@@ -36,7 +36,9 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class _SamplingFields(_Lenient):
+class SamplingFields(_Lenient):
+    """Fields chat and completions requests share."""
+
     model: str
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -57,12 +59,12 @@ class _SamplingFields(_Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=1)
 

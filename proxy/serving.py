@@ -21,7 +21,7 @@ from engine.worker import (
     TokenDelta,
 )
 from proxy.errors import OpenAIError
-from proxy.protocol import _SamplingFields, usage
+from proxy.protocol import SamplingFields, usage
 
 
 @dataclass
@@ -45,7 +45,7 @@ def check_model(engine: Engine, name: str) -> None:
 
 
 def generation_request(
-    engine: Engine, body: _SamplingFields, prompt_ids: list[int], max_tokens: int | None
+    engine: Engine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None
 ) -> GenerationRequest:
     """Check lengths against the context and build the engine's request.
 
