@@ -53,6 +53,7 @@ class GenerationRequest:
         sampling: temperature / top_p / seed.
         stop: strings that end the completion (excluded from its text).
         tenant: whose cache namespace to use (from the API key, never from the body).
+        top_logprobs: how many most likely alternatives to report with each token.
     """
 
     prompt_ids: tuple[int, ...]
@@ -60,6 +61,7 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     tenant: str = "default"
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,13 @@ class PrefillDone:
 
 @dataclass(frozen=True)
 class TokenDelta:
+    """One generated token: its id, the text now safe to show, and log-probabilities under the
+    model's distribution (before temperature): the token's own and the ``top_logprobs`` best."""
+
     token_id: int
     text: str
+    logprob: float = 0.0
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,18 @@ class Failed:
 
 
 Event = PrefillDone | TokenDelta | Finished | Failed
+
+
+@dataclass
+class EngineStats:
+    """Token counters of this engine: every fed token is counted once, so prefill_tokens +
+    decode_tokens is exactly what the model computed."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
 
 
 @dataclass
@@ -140,6 +159,7 @@ class Engine:
         self.cache = cache
         self._queue: queue.Queue[tuple[GenerationRequest, RequestHandle] | None] = queue.Queue(max_queue)
         self._namespaces: dict[str, Namespace] = {}
+        self.stats = EngineStats()
         self._thread = threading.Thread(target=self._run, name="kvproxy-engine", daemon=True)
         self._thread.start()
 
@@ -179,17 +199,24 @@ class Engine:
 
     # -- the worker ---------------------------------------------------------------------------
 
+    @property
+    def idle(self) -> bool:
+        """No request running or waiting."""
+        return self._queue.unfinished_tasks == 0
+
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             request, handle = item
-            if handle.cancelled.is_set():
-                handle.emit(Finished("cancelled", 0))
-                continue
             try:
-                self.generate(request, handle.emit, handle.cancelled.is_set)
+                if handle.cancelled.is_set():
+                    handle.emit(Finished("cancelled", 0))
+                else:
+                    self.generate(request, handle.emit, handle.cancelled.is_set)
             except Exception as exc:
                 log.exception("generation failed")
                 handle.emit(Failed(exc))
+            finally:
+                self._queue.task_done()
 
     def prefill_prompt(
         self, namespace: Namespace, prompt_ids: tuple[int, ...], is_cancelled: Callable[[], bool]
@@ -206,6 +233,7 @@ class Engine:
         reused = min(BLOCK_SIZE * len(blocks), n - 1)
         past = past_from_blocks(blocks, reused)
         logits = prefill(self.loaded.model, prompt_ids[reused:], past, reused, is_cancelled)
+        self.stats.prefill_tokens += n - reused
         return PrefillResult(logits, past, reused, len(blocks))
 
     def generate(
@@ -226,6 +254,9 @@ class Engine:
             emit(Finished("cancelled", 0))
             return
         emit(PrefillDone(n, result.cached_tokens, time.perf_counter() - start))
+        self.stats.requests += 1
+        self.stats.prompt_tokens += n
+        self.stats.cached_tokens += result.cached_tokens
         self._save(namespace, prompt, result.cached_blocks, result.past, n // BLOCK_SIZE)
 
         sampler = Sampler(request.sampling)
@@ -242,12 +273,13 @@ class Engine:
             if token in self.loaded.eos_token_ids:
                 reason = "stop"
                 break
-            emit(TokenDelta(token, text.push(token)))
+            emit(TokenDelta(token, text.push(token), *_logprobs(logits, token, request.top_logprobs)))
             if text.stopped:
                 reason = "stop"
                 break
             if len(generated) < request.max_tokens:
                 logits = decode_step(self.loaded.model, token, result.past, n + len(generated) - 1)
+                self.stats.decode_tokens += 1
         emit(Finished(reason, len(generated), text.finish()))
 
         sequence = prompt + tuple(generated)
@@ -266,3 +298,11 @@ class Engine:
             return
         key, value = blocks_from_past(past, first_block, end_block)
         self.cache.save(namespace, token_ids[: end_block * BLOCK_SIZE], first_block, key, value)
+
+
+def _logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """Log-probability of ``token`` and the ``top`` most likely (id, log-probability) pairs."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    best = torch.topk(logprobs, top) if top > 0 else None
+    pairs = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+    return float(logprobs[token]), pairs

@@ -48,6 +48,9 @@ class SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
+    return_token_ids: bool = Field(
+        False, description="Extension (as in vLLM): each choice also carries its `token_ids`."
+    )
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -62,11 +65,14 @@ class SamplingFields(_Lenient):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from fastapi import Request
 
 from engine.generate import SamplingParams
 from engine.worker import (
@@ -23,14 +26,20 @@ from engine.worker import (
 from proxy.errors import OpenAIError
 from proxy.protocol import SamplingFields, usage
 
+DISCONNECT_POLL_S = 0.2
+
+# Builds one response chunk from (text delta or None, the tokens it carries, finish_reason or None).
+ChunkBuilder = Callable[[str | None, list[TokenDelta], str | None], dict[str, Any]]
+
 
 @dataclass
 class Completion:
     """A finished non-streaming completion."""
 
-    text: str
-    finish_reason: str
-    usage: dict[str, Any]
+    text: str = ""
+    finish_reason: str = "stop"
+    tokens: list[TokenDelta] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
 
 
 def check_model(engine: Engine, name: str) -> None:
@@ -45,7 +54,11 @@ def check_model(engine: Engine, name: str) -> None:
 
 
 def generation_request(
-    engine: Engine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None
+    engine: Engine,
+    body: SamplingFields,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    top_logprobs: int = 0,
 ) -> GenerationRequest:
     """Check lengths against the context and build the engine's request.
 
@@ -72,6 +85,7 @@ def generation_request(
         max_tokens=budget,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=body.seed),
         stop=body.stop_strings(),
+        top_logprobs=top_logprobs,
     )
 
 
@@ -89,28 +103,35 @@ def submit(engine: Engine, request: GenerationRequest) -> RequestHandle:
         ) from None
 
 
-async def complete(handle: RequestHandle) -> Completion:
-    """Wait for the whole completion."""
-    parts: list[str] = []
+async def complete(handle: RequestHandle, request: Request) -> Completion:
+    """Wait for the whole completion; a client that goes away cancels the generation."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+    result = Completion()
     prompt_tokens = cached_tokens = 0
+    parts: list[str] = []
     try:
         async for event in handle:
             if isinstance(event, PrefillDone):
                 prompt_tokens, cached_tokens = event.prompt_tokens, event.cached_tokens
             elif isinstance(event, TokenDelta):
                 parts.append(event.text)
+                result.tokens.append(event)
             elif isinstance(event, Finished):
                 parts.append(event.text)
-                return Completion(
-                    "".join(parts),
-                    event.finish_reason,
-                    usage(prompt_tokens, event.completion_tokens, cached_tokens),
-                )
+                result.text, result.finish_reason = "".join(parts), event.finish_reason
+                result.usage = usage(prompt_tokens, event.completion_tokens, cached_tokens)
             elif isinstance(event, Failed):
                 raise event.error
     finally:
+        watcher.cancel()
         handle.cancel()  # no-op when finished; stops the worker if this task was cancelled
-    raise AssertionError("event stream ended without Finished")
+    return result
+
+
+async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    handle.cancel()
 
 
 def new_id(prefix: str) -> str:
@@ -118,29 +139,31 @@ def new_id(prefix: str) -> str:
 
 
 async def sse_stream(
-    handle: RequestHandle,
-    chunk: Callable[[str | None, str | None], dict[str, Any]],
-    include_usage: bool,
+    handle: RequestHandle, chunk: ChunkBuilder, include_usage: bool, every_token: bool = False
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed completion, ending with ``data: [DONE]``.
 
+    A client that disconnects cancels this generator (Starlette cancels the response task), and
+    with it the generation.
+
     Args:
-        chunk: builds one chunk object from ``(text delta or None, finish_reason or None)``.
+        chunk: builds one chunk object.
         include_usage: send OpenAI's final usage chunk (empty ``choices``).
+        every_token: one chunk per token even while its text is held back (for logprobs).
     """
     prompt_tokens = cached_tokens = 0
     try:
         async for event in handle:
             if isinstance(event, PrefillDone):
                 prompt_tokens, cached_tokens = event.prompt_tokens, event.cached_tokens
-            elif isinstance(event, TokenDelta) and event.text:
-                yield _sse(chunk(event.text, None))
+            elif isinstance(event, TokenDelta) and (event.text or every_token):
+                yield _sse(chunk(event.text, [event], None))
             elif isinstance(event, Finished):
                 if event.text:
-                    yield _sse(chunk(event.text, None))
-                yield _sse(chunk(None, event.finish_reason))
+                    yield _sse(chunk(event.text, [], None))
+                yield _sse(chunk(None, [], event.finish_reason))
                 if include_usage:
-                    last = chunk(None, None) | {"choices": []}
+                    last = chunk(None, [], None) | {"choices": []}
                     last["usage"] = usage(prompt_tokens, event.completion_tokens, cached_tokens)
                     yield _sse(last)
             elif isinstance(event, Failed):

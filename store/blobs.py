@@ -1,8 +1,9 @@
 """The blob store: one safetensors file per block on a local or shared filesystem.
 
 Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (DESIGN.md, "Storage").
-Writes go to a temporary file in the same directory, are fsynced, then renamed into place, so
-a reader (in this or another process) sees either no file or a complete one.
+Writes go to a temporary file in the same directory, are fsynced, then hard-linked into place,
+so a reader (in this or another process) sees either no file or a complete one, and a blob once
+placed is never modified: a second writer of the same block keeps the first file.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ class BlobStore:
         h = block_hash.hex()
         return f"{namespace.hex()}/{h[:2]}/{h}{BLOB_SUFFIX}"
 
-    def write(self, relative_path: str, data: bytes) -> None:
-        """Atomically place ``data`` (bytes) at ``relative_path``.
+    def write(self, relative_path: str, data: bytes) -> bool:
+        """Atomically place ``data`` (bytes) at ``relative_path`` unless a blob is already there.
+
+        Returns:
+            False when a blob already existed (it is left untouched).
 
         Raises:
             OSError: the directory is not writable, the disk is full, ...; no partial file is left.
@@ -41,10 +45,14 @@ class BlobStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
+            # NOTE: link() fails if the target exists, unlike rename(): two processes saving the
+            # same block can never swap a file under a reader or change bytes already indexed.
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
             tmp.unlink(missing_ok=True)
-            raise
 
     def read(self, relative_path: str) -> bytes:
         """The bytes of a blob.

@@ -126,13 +126,19 @@ class BlockCache:
                 # never loaded, since their K/V depends on this one.
                 log.warning("cache block %d (%s) dropped: %s", i, block_hash.hex(), exc)
                 self.stats.add(verification_failures=1)
-                self._drop(namespace, block_hash)
+                self._discard(namespace, block_hash)
                 break
             blocks.append(block)
         self.stats.add(blocks_loaded=len(blocks))
         return PrefixMatch(blocks)
 
-    def _drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
+    def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        """Remove a block that cannot be served: its blob (so the next save writes it afresh),
+        then its index entry."""
+        try:
+            self.blobs.delete(self.blobs.relative_path(namespace, block_hash))
+        except OSError as exc:
+            log.warning("cannot delete bad blob %s: %s", block_hash.hex(), exc)
         try:
             self.index.drop(namespace, block_hash)
         except redis.RedisError as exc:

@@ -28,7 +28,7 @@ TRAINING_TEXT = [
 ]
 
 
-def build_tiny_model(path: Path) -> Path:
+def build_tiny_model(path: Path, seed: int = 0) -> Path:
     """Write a randomly initialised 2-layer Llama and a small byte-level BPE tokenizer with a
     ChatML template to ``path`` (a Hugging Face checkpoint directory)."""
     tok = Tokenizer(models.BPE())
@@ -55,7 +55,7 @@ def build_tiny_model(path: Path) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     # NOTE: random init gives nearly uniform logits; scaling the output layer makes greedy
     # choices decisive, so token-for-token comparisons mean something.

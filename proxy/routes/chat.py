@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 
-from engine.worker import Engine
+from engine.worker import Engine, TokenDelta
 from proxy.errors import OpenAIError
 from proxy.protocol import ChatCompletionRequest
 from proxy.serving import check_model, complete, generation_request, new_id, now, sse_stream, submit
@@ -34,49 +34,75 @@ def render_prompt(engine: Engine, body: ChatCompletionRequest) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def chat_logprobs(engine: Engine, tokens: list[TokenDelta]) -> dict[str, Any]:
+    """OpenAI chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = engine.loaded.tokenizer.decode([token_id])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            entry(t.token_id, t.logprob) | {"top_logprobs": [entry(i, lp) for i, lp in t.top_logprobs]}
+            for t in tokens
+        ]
+    }
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(
-    body: ChatCompletionRequest, engine: Annotated[Engine, Depends(get_engine)]
+    body: ChatCompletionRequest, request: Request, engine: Annotated[Engine, Depends(get_engine)]
 ) -> Any:
     check_model(engine, body.model)
     prompt_ids = render_prompt(engine, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    handle = submit(engine, generation_request(engine, body, prompt_ids, max_tokens))
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    handle = submit(engine, generation_request(engine, body, prompt_ids, max_tokens, top))
     completion_id, created = new_id("chatcmpl"), now()
+
+    def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
+        return chat_logprobs(engine, tokens) if body.logprobs and tokens else None
 
     if body.stream:
         sent_role = False
 
-        def chunk(text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
             nonlocal sent_role
             delta: dict[str, Any] = {} if text is None else {"content": text}
             if not sent_role:
                 delta["role"], sent_role = "assistant", True
+            choice = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs(tokens),
+                "finish_reason": finish_reason,
+            }
             return {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": engine.loaded.name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+                "choices": [choice],
             }
 
-        return StreamingResponse(
-            sse_stream(handle, chunk, body.include_usage), media_type="text/event-stream"
-        )
+        stream = sse_stream(handle, chunk, body.include_usage, every_token=body.logprobs)
+        return StreamingResponse(stream, media_type="text/event-stream")
 
-    result = await complete(handle)
+    result = await complete(handle, request)
+    message = {"role": "assistant", "content": result.text}
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs(result.tokens),
+        "finish_reason": result.finish_reason,
+    }
+    if body.return_token_ids:
+        choice["token_ids"] = [t.token_id for t in result.tokens]
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": engine.loaded.name,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-                "logprobs": None,
-                "finish_reason": result.finish_reason,
-            }
-        ],
+        "choices": [choice],
         "usage": result.usage,
     }

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from engine.worker import Engine
+from engine.worker import Engine, TokenDelta
 from proxy.errors import OpenAIError
 from proxy.protocol import CompletionRequest
 from proxy.serving import check_model, complete, generation_request, new_id, now, sse_stream, submit
@@ -32,24 +32,44 @@ def prompt_ids(engine: Engine, body: CompletionRequest) -> list[int]:
     return list(body.prompt)
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, engine: Annotated[Engine, Depends(get_engine)]) -> Any:
-    check_model(engine, body.model)
-    handle = submit(engine, generation_request(engine, body, prompt_ids(engine, body), body.max_tokens))
-    completion_id, created = new_id("cmpl"), now()
+def completion_logprobs(engine: Engine, tokens: list[TokenDelta], offset: int = 0) -> dict[str, Any]:
+    """Legacy completions ``logprobs``: tokens, token_logprobs, top_logprobs, text_offset."""
+    decode = engine.loaded.tokenizer.decode
+    texts = [decode([t.token_id]) for t in tokens]
+    offsets = [offset + sum(len(x) for x in texts[:i]) for i in range(len(texts))]
+    return {
+        "tokens": texts,
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [{decode([i]): lp for i, lp in t.top_logprobs} for t in tokens],
+        "text_offset": offsets,
+    }
 
-    def chunk(text: str | None, finish_reason: str | None) -> dict[str, Any]:
+
+@router.post("/v1/completions")
+async def completions(
+    body: CompletionRequest, request: Request, engine: Annotated[Engine, Depends(get_engine)]
+) -> Any:
+    check_model(engine, body.model)
+    top = body.logprobs or 0
+    handle = submit(engine, generation_request(engine, body, prompt_ids(engine, body), body.max_tokens, top))
+    completion_id, created = new_id("cmpl"), now()
+    want_logprobs = body.logprobs is not None
+
+    def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
+        logprobs = completion_logprobs(engine, tokens) if want_logprobs and tokens else None
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        if body.return_token_ids:
+            choice["token_ids"] = [t.token_id for t in tokens]
         return {
             "id": completion_id,
             "object": "text_completion",
             "created": created,
             "model": engine.loaded.name,
-            "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [choice],
         }
 
     if body.stream:
-        return StreamingResponse(
-            sse_stream(handle, chunk, body.include_usage), media_type="text/event-stream"
-        )
-    result = await complete(handle)
-    return chunk(result.text, result.finish_reason) | {"usage": result.usage}
+        stream = sse_stream(handle, chunk, body.include_usage, every_token=want_logprobs)
+        return StreamingResponse(stream, media_type="text/event-stream")
+    result = await complete(handle, request)
+    return chunk(result.text, result.tokens, result.finish_reason) | {"usage": result.usage}

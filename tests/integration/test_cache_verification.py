@@ -1,0 +1,80 @@
+"""Kind 5, verification: a damaged index entry or blob is a miss from that block on, never a
+wrong answer; the bad entry is removed and counted, and the next request stores the block again."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from hashing import block_hashes
+from tests.integration.conftest import random_tokens
+
+PROMPT = random_tokens(3 * 128 + 20, seed=5)
+
+
+def rewrite(path: Path, change: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> None:
+    """Re-encode a blob with its metadata kept and its tensors changed."""
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    save_file(change(tensors), str(path), metadata=metadata)
+
+
+def collision(path: Path) -> None:
+    """Same hash, same metadata, other token ids: what a hash collision would look like."""
+    rewrite(path, lambda t: t | {"token_ids": torch.flip(t["token_ids"], [0])})
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "collision": collision,
+    "deleted": lambda p: p.unlink(),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "random-header": lambda p: p.write_bytes(
+        torch.randint(0, 256, (64,)).byte().numpy().tobytes() + p.read_bytes()[64:]
+    ),
+    "wrong-dtype": lambda p: rewrite(
+        p, lambda t: t | {"key": t["key"].bfloat16(), "value": t["value"].bfloat16()}
+    ),
+    "wrong-shape": lambda p: rewrite(p, lambda t: t | {"key": t["key"][:1], "value": t["value"][:1]}),
+    "pickle": lambda p: p.write_bytes(pickle.dumps({"key": [0.0] * 16})),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
+def test_damaged_block_is_a_miss_from_there_on(cached, cold, settings, damage) -> None:
+    cached.complete(PROMPT)
+    cached.flush()
+    namespace = cached.engine.namespace("default")
+    hashes = block_hashes(PROMPT, namespace)
+    DAMAGE[damage](settings.blob_root / cached.cache.blobs.relative_path(namespace, hashes[1]))
+    failures = cached.cache.stats.verification_failures
+
+    damaged = cached.complete(PROMPT)
+    assert damaged.status == 200
+    assert damaged.cached_tokens == 128  # block 0 only: the prefix ends at the damaged block
+    assert damaged.key == cold.complete(PROMPT).key
+    assert cached.cache.stats.verification_failures == failures + 1
+    cached.flush()  # the request re-stored block 1 (and 2) in the background
+
+    healed = cached.complete(PROMPT)
+    assert healed.cached_tokens == 3 * 128 and healed.key == damaged.key
+    assert cached.cache.stats.verification_failures == failures + 1
+
+
+def test_bad_entry_is_removed_before_the_block_is_stored_again(cached, settings, redis_client) -> None:
+    """While the damaged block is being re-stored, no entry points at the bad blob."""
+    cached.complete(PROMPT)
+    cached.flush()
+    namespace = cached.engine.namespace("default")
+    block = block_hashes(PROMPT, namespace)[1]
+    collision(settings.blob_root / cached.cache.blobs.relative_path(namespace, block))
+    match = cached.cache.lookup(namespace, PROMPT, max_blocks=3)  # what a request does first
+    assert match.num_blocks == 1
+    assert not redis_client.exists(cached.cache.index.block_key(namespace, block))
+    assert not (settings.blob_root / cached.cache.blobs.relative_path(namespace, block)).exists()
