@@ -9,12 +9,26 @@ placed is never modified: a second writer of the same block keeps the first file
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from hashing import BlockHash, Namespace
 
 BLOB_SUFFIX = ".safetensors"
+TEMP_SUFFIX = ".tmp"
+
+
+@dataclass(frozen=True)
+class BlobFile:
+    """A file found under the blob root: a blob (``member`` set) or a writer's temporary file."""
+
+    path: Path
+    member: str | None  # ``{namespace_hex}:b:{hash_hex}`` for a blob
+    age_s: float  # seconds since last modified
+    size: int  # bytes
 
 
 class BlobStore:
@@ -38,18 +52,26 @@ class BlobStore:
             OSError: the directory is not writable, the disk is full, ...; no partial file is left.
         """
         path = self.root / relative_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            for attempt in (1, 2):  # the garbage collector may remove an empty directory meanwhile
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
             # NOTE: link() fails if the target exists, unlike rename(): two processes saving the
             # same block can never swap a file under a reader or change bytes already indexed.
             os.link(tmp, path)
             return True
         except FileExistsError:
+            # NOTE: a fresh mtime tells the garbage collector the blob is wanted again.
+            os.utime(path)
             return False
         finally:
             tmp.unlink(missing_ok=True)
@@ -65,3 +87,31 @@ class BlobStore:
     def delete(self, relative_path: str) -> None:
         """Remove a blob; a missing one is not an error."""
         (self.root / relative_path).unlink(missing_ok=True)
+
+    def scan(self) -> Iterator[BlobFile]:
+        """Every blob and temporary file under the root (a file vanishing meanwhile is skipped)."""
+        now = time.time()
+        for path in self.root.glob("*/*/*"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            if path.name.endswith(BLOB_SUFFIX) and not path.name.startswith("."):
+                member = f"{path.parent.parent.name}:b:{path.name.removesuffix(BLOB_SUFFIX)}"
+            elif path.name.endswith(TEMP_SUFFIX):
+                member = None
+            else:
+                continue
+            yield BlobFile(path, member, now - st.st_mtime, st.st_size)
+
+    def remove_empty_dirs(self) -> None:
+        """Remove empty directories under the root (never the root itself)."""
+        for directory in sorted(self.root.glob("*/*"), reverse=True) + sorted(self.root.glob("*")):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass  # not empty, not a directory, or gone
+
+    def used_bytes(self) -> int:
+        """Bytes of every file under the root."""
+        return sum(f.size for f in self.scan())

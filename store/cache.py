@@ -1,8 +1,8 @@
-"""``BlockCache``: the facade that matches, loads, verifies and saves blocks.
+"""``BlockCache``: the facade that matches, loads, verifies, saves, evicts and collects blocks.
 
-It composes the Redis index (metadata, TTLs), the blob store (tensors on disk) and the serde
-(verification). Every fault of those parts becomes a cache miss or a skipped save, counted and
-logged, never an exception for the caller.
+It composes the Redis index (metadata, TTLs, LRU order, sizes), the blob store (tensors on disk)
+and the serde (verification). Every fault of those parts becomes a cache miss or a skipped save,
+counted and logged, never an exception for the caller.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -19,11 +20,14 @@ import torch
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
 from store.blobs import BlobStore
 from store.breaker import CircuitBreaker
-from store.index import RedisIndex, new_entry
+from store.gc import GcReport, collect
+from store.index import RedisIndex, new_entry, parse_member
 from store.interface import CacheHealth, KVBlock, KVSpec, PrefixMatch
 from store.serde import BlockVerificationError, decode_block, encode_block
 
 log = logging.getLogger(__name__)
+
+WARN_EVERY_S = 60.0
 
 
 @dataclass
@@ -38,6 +42,10 @@ class CacheStats:
     save_errors: int = 0
     saves_dropped: int = 0
     redis_errors: int = 0
+    evicted_budget: int = 0
+    evicted_ttl: int = 0
+    evicted_orphan: int = 0
+    evicted_gc: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -56,6 +64,7 @@ class _SaveJob:
     first_block: int
     key: torch.Tensor
     value: torch.Tensor
+    ttl_s: int
 
 
 class BlockCache:
@@ -65,7 +74,10 @@ class BlockCache:
         index: the Redis index.
         blobs: the blob store.
         spec: shape and dtype every block must have.
-        ttl_s: TTL in seconds given to new entries and refreshed on every hit.
+        ttl_s: default TTL in seconds of new entries, refreshed on every hit.
+        max_bytes: budget of the blob store in bytes; least recently used blocks are evicted
+            beyond it (checked after every publish, so it is exceeded by at most one block per
+            concurrent writer).
         breaker_cooldown_s: how long to skip Redis after it failed.
         max_pending_saves: bound of the background save queue (jobs); beyond it saves are dropped
             and counted, so a slow disk never holds tensors without limit.
@@ -78,6 +90,7 @@ class BlockCache:
         spec: KVSpec,
         *,
         ttl_s: int,
+        max_bytes: int | None = None,
         breaker_cooldown_s: float = 5.0,
         max_pending_saves: int = 64,
     ) -> None:
@@ -85,22 +98,26 @@ class BlockCache:
         self.blobs = blobs
         self.spec = spec
         self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
         self.stats = CacheStats()
         self.breaker = CircuitBreaker(breaker_cooldown_s)
+        self._last_warning: dict[str, float] = {}
         self._saves: queue.Queue[_SaveJob] = queue.Queue(maxsize=max_pending_saves)
         self._writer = threading.Thread(target=self._write_loop, name="kvproxy-saver", daemon=True)
         self._writer.start()
 
     # -- lookup -------------------------------------------------------------------------------
 
-    def lookup(self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch:
+    def lookup(
+        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int, ttl_s: int | None = None
+    ) -> PrefixMatch:
         """See ``PrefixCache.lookup``: one Redis round trip, then read and verify in chain order."""
         self.stats.add(lookups=1)
         hashes = block_hashes(token_ids[: max_blocks * BLOCK_SIZE], namespace)
         if not hashes or not self.breaker.allow():
             return PrefixMatch([])
         try:
-            entries = self.index.match(namespace, hashes, self.ttl_s)
+            entries = self.index.match(namespace, hashes, ttl_s or self.ttl_s)
         except redis.RedisError as exc:
             self._redis_failed("match", exc)
             return PrefixMatch([])
@@ -111,6 +128,8 @@ class BlockCache:
         for i in range(len(entries)):
             block_hash = hashes[i]
             try:
+                # NOTE: the path comes from our own hash, never from the index entry, and the
+                # blob is verified against our own tokens: a wrong reply can only cause a miss.
                 data = self.blobs.read(self.blobs.relative_path(namespace, block_hash))
                 block = decode_block(
                     data,
@@ -133,16 +152,16 @@ class BlockCache:
         return PrefixMatch(blocks)
 
     def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
-        """Remove a block that cannot be served: its blob (so the next save writes it afresh),
-        then its index entry."""
-        try:
-            self.blobs.delete(self.blobs.relative_path(namespace, block_hash))
-        except OSError as exc:
-            log.warning("cannot delete bad blob %s: %s", block_hash.hex(), exc)
+        """Remove a block that cannot be served: its index entry, then its blob (so the next save
+        writes it afresh)."""
         try:
             self.index.drop(namespace, block_hash)
         except redis.RedisError as exc:
             self._redis_failed("drop", exc)
+        try:
+            self.blobs.delete(self.blobs.relative_path(namespace, block_hash))
+        except OSError as exc:
+            self._warn("delete", "cannot delete bad blob %s: %s", block_hash.hex(), exc)
 
     # -- save ---------------------------------------------------------------------------------
 
@@ -153,15 +172,16 @@ class BlockCache:
         first_block: int,
         key: torch.Tensor,
         value: torch.Tensor,
+        ttl_s: int | None = None,
     ) -> None:
         """See ``PrefixCache.save``: queue the blocks for the background writer."""
         assert key.shape[2] % BLOCK_SIZE == 0, key.shape
-        job = _SaveJob(namespace, tuple(token_ids), first_block, key, value)
+        job = _SaveJob(namespace, tuple(token_ids), first_block, key, value, ttl_s or self.ttl_s)
         try:
             self._saves.put_nowait(job)
         except queue.Full:
             self.stats.add(saves_dropped=key.shape[2] // BLOCK_SIZE)
-            log.warning("save queue full: %d blocks not cached", key.shape[2] // BLOCK_SIZE)
+            self._warn("queue", "save queue full: %d blocks not cached", key.shape[2] // BLOCK_SIZE)
 
     def flush(self, timeout_s: float) -> bool:
         """See ``PrefixCache.flush``."""
@@ -210,15 +230,54 @@ class BlockCache:
             try:
                 self.blobs.write(path, data)
             except OSError as exc:
-                log.warning("cannot write block blob %s: %s", path, exc)
                 self.stats.add(save_errors=1)
+                self._warn(
+                    "write",
+                    "cannot write block blobs under %s (%s): serving without saving",
+                    self.blobs.root,
+                    exc,
+                )
                 return
             try:
-                self.index.publish(job.namespace, hashes[i], new_entry(path, len(data), parent), self.ttl_s)
+                entry = new_entry(path, len(data), parent)
+                total = self.index.publish(job.namespace, hashes[i], i, entry, job.ttl_s)
             except redis.RedisError as exc:
                 self._redis_failed("publish", exc)
                 return
             self.stats.add(blocks_saved=1)
+            if total is not None and self.max_bytes is not None and total > self.max_bytes:
+                self._evict()
+
+    def _evict(self) -> None:
+        assert self.max_bytes is not None
+        try:
+            evicted = self.index.evict(self.max_bytes)
+        except redis.RedisError as exc:
+            self._redis_failed("evict", exc)
+            return
+        for member in evicted:
+            self.blobs.delete(self.blobs.relative_path(*parse_member(member)))
+        self.stats.add(evicted_budget=len(evicted))
+
+    # -- garbage collection and administration ------------------------------------------------
+
+    def gc(self, grace_s: float = 60.0) -> GcReport | None:
+        """Reconcile index and blob store (see ``store.gc``); None when Redis is unreachable."""
+        if not self.breaker.allow():
+            return None
+        try:
+            report = collect(self.index, self.blobs, grace_s)
+        except redis.RedisError as exc:
+            self._redis_failed("gc", exc)
+            return None
+        self.stats.add(
+            evicted_ttl=report.expired,
+            evicted_orphan=report.orphans,
+            evicted_gc=report.missing_blobs + report.unindexed_blobs,
+        )
+        if self.max_bytes is not None and self.index.total_bytes() > self.max_bytes:
+            self._evict()
+        return report
 
     # -- health -------------------------------------------------------------------------------
 
@@ -247,3 +306,10 @@ class BlockCache:
     def _redis_ok(self) -> None:
         if self.breaker.success():
             log.info("Redis index answers again: caching resumed")
+
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        """Log a warning at most once per ``WARN_EVERY_S`` seconds per kind (one per burst)."""
+        now = time.monotonic()
+        if now - self._last_warning.get(kind, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._last_warning[kind] = now
+            log.warning(message, *args)

@@ -1,18 +1,23 @@
-"""The Redis index: one key per block, holding metadata only, each with a TTL.
+"""The Redis index: metadata of every block, each entry with a TTL, plus LRU order and sizes.
 
-Keys (all under ``key_prefix``, default ``kvp:``):
-    ``{prefix}{namespace_hex}:b:{hash_hex}`` -> JSON ``{"blob", "bytes", "parent", "created"}``
-    with a TTL in seconds. Redis never holds tensors.
+Keys (all under ``key_prefix``, default ``kvp:``; a block's *member* name is its key without the
+prefix, ``{namespace_hex}:b:{hash_hex}``):
 
-A chain lookup is one round trip: a Lua script walks the keys in chain order, stops at the first
-missing one, and refreshes the TTL of every key it matched (sliding TTL).
+    ``{prefix}{member}``  JSON ``{"blob", "bytes", "parent", "created"}``, with a TTL (seconds)
+    ``{prefix}lru``       sorted set: member -> time of last use (seconds), the tail of a chain
+                          scored a little older than its head so it is evicted first
+    ``{prefix}sizes``     hash: member -> blob bytes, for every member of ``lru``
+    ``{prefix}bytes``     the sum of ``sizes``: what the blob store holds
+
+Redis never holds tensors. Every change to these keys is one Lua script, so several processes can
+share them: a lookup, a publish, an eviction and a reclaim are each atomic and one round trip.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -20,16 +25,67 @@ import redis
 from hashing import BlockHash, Namespace
 
 # NOTE: EXPIRE ... GT (Redis >= 7) refreshes a TTL but never shortens one, so a block stored with
-# a longer retention keeps it when a request with the default TTL hits it.
-_MATCH_SCRIPT = """
+# a longer retention keeps it when a request with the default TTL hits it. Scores: a block deeper
+# in the chain is one microsecond "older", so at equal recency the tail is evicted first.
+_MATCH = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local plen = tonumber(ARGV[3])
 local entries = {}
 for i, key in ipairs(KEYS) do
   local entry = redis.call('GET', key)
   if not entry then break end
   redis.call('EXPIRE', key, ARGV[1], 'GT')
+  redis.call('ZADD', ARGV[2], 'XX', now - i * 1e-6, string.sub(key, plen + 1))
   entries[i] = entry
 end
 return entries
+"""
+
+_PUBLISH = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return -1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('ZADD', ARGV[3], now - tonumber(ARGV[8]) * 1e-6, ARGV[6])
+if redis.call('HSETNX', ARGV[4], ARGV[6], ARGV[7]) == 1 then
+  return redis.call('INCRBY', ARGV[5], ARGV[7])
+end
+return tonumber(redis.call('GET', ARGV[5]) or '0')
+"""
+
+_EVICT = """
+local evicted = {}
+local total = tonumber(redis.call('GET', ARGV[3]) or '0')
+while total > tonumber(ARGV[5]) do
+  local popped = redis.call('ZPOPMIN', ARGV[1])
+  if #popped == 0 then break end
+  local member = popped[1]
+  local size = tonumber(redis.call('HGET', ARGV[2], member) or '0')
+  redis.call('HDEL', ARGV[2], member)
+  redis.call('DEL', ARGV[4] .. member)
+  total = redis.call('DECRBY', ARGV[3], size)
+  evicted[#evicted + 1] = member
+end
+return evicted
+"""
+
+# ARGV[5] = '1': remove the entries even if they exist; otherwise only members whose entry is gone.
+_RECLAIM = """
+local reclaimed = {}
+for i = 6, #ARGV do
+  local member = ARGV[i]
+  if ARGV[5] == '1' or redis.call('EXISTS', ARGV[4] .. member) == 0 then
+    redis.call('DEL', ARGV[4] .. member)
+    redis.call('ZREM', ARGV[1], member)
+    local size = redis.call('HGET', ARGV[2], member)
+    if size then
+      redis.call('HDEL', ARGV[2], member)
+      redis.call('DECRBY', ARGV[3], size)
+    end
+    reclaimed[#reclaimed + 1] = member
+  end
+end
+return reclaimed
 """
 
 
@@ -60,28 +116,51 @@ class IndexEntry:
         return cls(str(doc["blob"]), int(doc["bytes"]), str(doc["parent"]), float(doc["created"]))
 
 
+def member_name(namespace: Namespace, block_hash: BlockHash) -> str:
+    """A block's name in the index, ``{namespace_hex}:b:{hash_hex}``."""
+    return f"{namespace.hex()}:b:{block_hash.hex()}"
+
+
+def parse_member(member: str) -> tuple[Namespace, BlockHash]:
+    """Inverse of ``member_name``.
+
+    Raises:
+        ValueError: not a member name.
+    """
+    ns_hex, kind, hash_hex = member.split(":")
+    if kind != "b":
+        raise ValueError(member)
+    return Namespace(bytes.fromhex(ns_hex)), BlockHash(bytes.fromhex(hash_hex))
+
+
 class RedisIndex:
     """Block index in Redis. Every method may raise ``redis.RedisError``; callers degrade."""
 
     def __init__(self, client: redis.Redis, key_prefix: str) -> None:
         self.client = client
         self.key_prefix = key_prefix
-        self._match = client.register_script(_MATCH_SCRIPT)
+        self.lru_key = f"{key_prefix}lru"
+        self.sizes_key = f"{key_prefix}sizes"
+        self.bytes_key = f"{key_prefix}bytes"
+        self._match = client.register_script(_MATCH)
+        self._publish = client.register_script(_PUBLISH)
+        self._evict = client.register_script(_EVICT)
+        self._reclaim = client.register_script(_RECLAIM)
 
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
-        return f"{self.key_prefix}{namespace.hex()}:b:{block_hash.hex()}"
+        return self.key_prefix + member_name(namespace, block_hash)
 
     def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int) -> list[IndexEntry]:
         """Entries of the leading blocks present, stopping at the first missing one.
 
-        One round trip; refreshes the TTL of each matched key to at least ``ttl_s`` seconds.
-        An entry that does not parse ends the match there.
+        One round trip; refreshes the TTL of each matched key to at least ``ttl_s`` seconds and
+        marks it used now. An entry that does not parse ends the match there.
         """
         if not hashes:
             return []
         keys = [self.block_key(namespace, h) for h in hashes]
         entries: list[IndexEntry] = []
-        for raw in self._match(keys=keys, args=[ttl_s]):
+        for raw in self._match(keys=keys, args=[ttl_s, self.lru_key, len(self.key_prefix)]):
             try:
                 entries.append(IndexEntry.from_json(raw))
             except (ValueError, KeyError, TypeError):
@@ -95,19 +174,94 @@ class RedisIndex:
             pipe.exists(self.block_key(namespace, h))
         return [not found for found in pipe.execute()]
 
-    def publish(self, namespace: Namespace, block_hash: BlockHash, entry: IndexEntry, ttl_s: int) -> bool:
-        """Index a block whose blob is complete on disk (``SET NX EX``).
+    def publish(
+        self, namespace: Namespace, block_hash: BlockHash, index: int, entry: IndexEntry, ttl_s: int
+    ) -> int | None:
+        """Index a block whose blob is complete on disk: ``SET NX EX``, LRU position, size.
 
         Returns:
-            False when another writer published the block first (nothing changes).
+            The bytes the blob store holds now, or None when another writer published the block
+            first (nothing changes).
         """
-        return bool(
-            self.client.set(self.block_key(namespace, block_hash), entry.to_json(), nx=True, ex=ttl_s)
-        )
+        member = member_name(namespace, block_hash)
+        args: list[str | int] = [
+            entry.to_json(),
+            ttl_s,
+            self.lru_key,
+            self.sizes_key,
+            self.bytes_key,
+            member,
+            entry.size,
+            index,
+        ]
+        total = int(self._publish(keys=[self.key_prefix + member], args=args))
+        return None if total < 0 else total
+
+    def evict(self, max_bytes: int) -> list[str]:
+        """Remove least recently used blocks until the store holds at most ``max_bytes``.
+
+        Returns:
+            The evicted members; their blobs are the caller's to delete.
+        """
+        args: list[str | int] = [self.lru_key, self.sizes_key, self.bytes_key, self.key_prefix, max_bytes]
+        return [m.decode() for m in self._evict(args=args)]
+
+    def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
+        """Forget members: those whose entry expired (or all given, with ``force``).
+
+        Returns:
+            The members removed from the index; their blobs are the caller's to delete.
+        """
+        if not members:
+            return []
+        args = [
+            self.lru_key,
+            self.sizes_key,
+            self.bytes_key,
+            self.key_prefix,
+            "1" if force else "0",
+            *members,
+        ]
+        return [m.decode() for m in self._reclaim(args=args)]
 
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
         """Remove a block's entry (after it failed verification or its blob vanished)."""
-        self.client.delete(self.block_key(namespace, block_hash))
+        self.reclaim([member_name(namespace, block_hash)], force=True)
+
+    def members(self, batch: int = 1000) -> Iterator[list[str]]:
+        """Every member in LRU order's set, in batches (ZSCAN: safe while others write)."""
+        chunk: list[str] = []
+        for member, _ in self.client.zscan_iter(self.lru_key, count=batch):
+            chunk.append(member.decode())
+            if len(chunk) >= batch:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def entries(self, members: Sequence[str]) -> list[IndexEntry | None]:
+        """The entries of ``members`` (None where gone or unreadable); one round trip."""
+        raws = self.client.mget([self.key_prefix + m for m in members]) if members else []
+        out: list[IndexEntry | None] = []
+        for raw in raws:
+            try:
+                out.append(None if raw is None else IndexEntry.from_json(raw))
+            except (ValueError, KeyError, TypeError):
+                out.append(None)
+        return out
+
+    def known(self, members: Sequence[str]) -> list[bool]:
+        """Whether each member is accounted in the index (has a size record); one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for m in members:
+            pipe.hexists(self.sizes_key, m)
+        return [bool(x) for x in pipe.execute()]
+
+    def total_bytes(self) -> int:
+        return int(self.client.get(self.bytes_key) or 0)
+
+    def num_blocks(self) -> int:
+        return int(self.client.zcard(self.lru_key))
 
     def ping(self) -> None:
         """Raises ``redis.RedisError`` when Redis does not answer."""

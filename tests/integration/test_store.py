@@ -42,11 +42,11 @@ def test_saved_blocks_come_back_verified_in_order(redis_client, key_prefix, tmp_
 
 
 def test_index_entries_carry_a_ttl_and_only_metadata(redis_client, key_prefix, tmp_path) -> None:
-    """Every key is under the prefix, has a TTL, and is small (no tensors in Redis)."""
+    """Block entries have a TTL and are small (no tensors in Redis)."""
     cache = make(redis_client, key_prefix, tmp_path, ttl_s=123)
     cache.save(NS, IDS, 0, *kv(2))
     assert cache.flush(30)
-    keys = list(redis_client.scan_iter(match=f"{key_prefix}*"))
+    keys = list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
     assert len(keys) == 2
     for k in keys:
         assert 0 < redis_client.ttl(k) <= 123
