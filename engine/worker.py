@@ -54,6 +54,7 @@ class GenerationRequest:
         stop: strings that end the completion (excluded from its text).
         tenant: whose cache namespace to use (from the API key, never from the body).
         top_logprobs: how many most likely alternatives to report with each token.
+        cache_ttl_s: TTL of the blocks this request stores or hits (None: the cache's default).
     """
 
     prompt_ids: tuple[int, ...]
@@ -62,6 +63,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     tenant: str = "default"
     top_logprobs: int = 0
+    cache_ttl_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,11 @@ class Engine:
                 self._queue.task_done()
 
     def prefill_prompt(
-        self, namespace: Namespace, prompt_ids: tuple[int, ...], is_cancelled: Callable[[], bool]
+        self,
+        namespace: Namespace,
+        prompt_ids: tuple[int, ...],
+        is_cancelled: Callable[[], bool],
+        cache_ttl_s: int | None = None,
     ) -> PrefillResult:
         """Load the longest cached prefix of ``prompt_ids`` and prefill the rest.
 
@@ -229,7 +235,7 @@ class Engine:
         n = len(prompt_ids)
         blocks = []
         if self.cache is not None:
-            blocks = self.cache.lookup(namespace, prompt_ids, max_blocks=n // BLOCK_SIZE).blocks
+            blocks = self.cache.lookup(namespace, prompt_ids, n // BLOCK_SIZE, cache_ttl_s).blocks
         reused = min(BLOCK_SIZE * len(blocks), n - 1)
         past = past_from_blocks(blocks, reused)
         logits = prefill(self.loaded.model, prompt_ids[reused:], past, reused, is_cancelled)
@@ -249,7 +255,7 @@ class Engine:
         n = len(prompt)
         start = time.perf_counter()
         try:
-            result = self.prefill_prompt(namespace, prompt, is_cancelled)
+            result = self.prefill_prompt(namespace, prompt, is_cancelled, request.cache_ttl_s)
         except Cancelled:
             emit(Finished("cancelled", 0))
             return
@@ -257,7 +263,7 @@ class Engine:
         self.stats.requests += 1
         self.stats.prompt_tokens += n
         self.stats.cached_tokens += result.cached_tokens
-        self._save(namespace, prompt, result.cached_blocks, result.past, n // BLOCK_SIZE)
+        self._save(request, prompt, result.cached_blocks, result.past, n // BLOCK_SIZE)
 
         sampler = Sampler(request.sampling)
         text = TextStream(self.loaded.tokenizer, request.stop)
@@ -284,11 +290,11 @@ class Engine:
 
         sequence = prompt + tuple(generated)
         fed = result.past.get_seq_length()  # prompt + every generated token but the last
-        self._save(namespace, sequence, n // BLOCK_SIZE, result.past, fed // BLOCK_SIZE)
+        self._save(request, sequence, n // BLOCK_SIZE, result.past, fed // BLOCK_SIZE)
 
     def _save(
         self,
-        namespace: Namespace,
+        request: GenerationRequest,
         token_ids: tuple[int, ...],
         first_block: int,
         past: DynamicCache,
@@ -297,7 +303,10 @@ class Engine:
         if self.cache is None or end_block <= first_block:
             return
         key, value = blocks_from_past(past, first_block, end_block)
-        self.cache.save(namespace, token_ids[: end_block * BLOCK_SIZE], first_block, key, value)
+        namespace = self.namespace(request.tenant)
+        self.cache.save(
+            namespace, token_ids[: end_block * BLOCK_SIZE], first_block, key, value, request.cache_ttl_s
+        )
 
 
 def _logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:

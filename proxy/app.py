@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
 from fastapi import FastAPI
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from starlette.concurrency import run_in_threadpool
 
 from engine.loading import LoadedModel, load_model
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.errors import install_error_handlers
-from proxy.routes import chat, completions, health, models
+from proxy.routes import cache, chat, completions, health, models
 from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
@@ -23,21 +27,41 @@ from store.interface import KVSpec
 log = logging.getLogger(__name__)
 
 
-def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
-    """The prefix cache described by ``settings``. Never fails on an unreachable Redis: the
-    cache starts degraded (serving misses) and resumes on its own when Redis answers."""
-    client = redis.Redis.from_url(
+def redis_client(settings: Settings) -> redis.Redis:
+    """A client whose every operation fails within ``settings.redis_timeout`` seconds.
+
+    NOTE: redis-py retries failed commands by default (with backoff); a cache must not: a slow
+    Redis becomes a miss at once and the circuit breaker takes it from there.
+    """
+    return redis.Redis.from_url(
         settings.redis_url,
         socket_timeout=settings.redis_timeout,
         socket_connect_timeout=settings.redis_timeout,
+        retry=Retry(NoBackoff(), 0),
     )
+
+
+def blob_budget(settings: Settings) -> int:
+    """``--max-cache-bytes``, or half of the free disk under the blob directory now."""
+    if settings.max_cache_bytes is not None:
+        return settings.max_cache_bytes
+    settings.blob_root.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(settings.blob_root).free // 2
+
+
+def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
+    """The prefix cache described by ``settings``. Never fails on an unreachable Redis: the
+    cache starts degraded (serving misses) and resumes on its own when Redis answers."""
+    budget = blob_budget(settings)
     cache = BlockCache(
-        RedisIndex(client, settings.key_prefix),
+        RedisIndex(redis_client(settings), settings.key_prefix),
         BlobStore(settings.blob_root),
         spec,
         ttl_s=settings.ttl,
+        max_bytes=budget,
         breaker_cooldown_s=settings.redis_retry,
     )
+    log.info("blob store %s: budget %.1f GB (--max-cache-bytes)", settings.blob_root, budget / 1e9)
     if cache.health() != "ok":
         log.warning(
             "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "
@@ -45,6 +69,27 @@ def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
             settings.redis_url,
         )
     return cache
+
+
+class GarbageCollector:
+    """Runs ``cache.gc`` every ``interval_s`` seconds on a daemon thread until stopped."""
+
+    def __init__(self, cache: BlockCache, interval_s: float, grace_s: float) -> None:
+        self.cache, self.interval_s, self.grace_s = cache, interval_s, grace_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvproxy-gc", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.cache.gc(self.grace_s)
+            except OSError as exc:
+                log.warning("garbage collection failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def create_app(settings: Settings | None = None, loaded: LoadedModel | None = None) -> FastAPI:
@@ -68,15 +113,20 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
                 dtype=settings.dtype,
                 device=settings.device,
             )
-        cache = None if settings.no_cache else build_cache(settings, model.kv_spec)
-        engine = Engine(model, cache, settings.max_queue)
-        app.state.settings, app.state.cache, app.state.engine = settings, cache, engine
-        log.info("serving %s (cache %s)", model.name, "off" if cache is None else settings.blob_root)
+        block_cache = None if settings.no_cache else build_cache(settings, model.kv_spec)
+        collector = None
+        if block_cache is not None:
+            collector = GarbageCollector(block_cache, settings.gc_interval, settings.gc_grace)
+        engine = Engine(model, block_cache, settings.max_queue)
+        app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
+        log.info("serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_root)
         yield
+        if collector is not None:
+            collector.stop()
         await run_in_threadpool(engine.close)
 
     app = FastAPI(title="kvproxy", lifespan=lifespan)
     install_error_handlers(app)
-    for module in (chat, completions, models, health):
+    for module in (chat, completions, models, health, cache):
         app.include_router(module.router)
     return app

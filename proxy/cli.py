@@ -1,4 +1,4 @@
-"""The ``kvproxy`` command line: ``serve`` and ``models``.
+"""The ``kvproxy`` command line: ``serve``, ``models`` and ``cache``.
 
 Every field of ``Settings`` is a flag of the same name (``ttl`` -> ``--ttl``, ``no_cache`` ->
 ``--no-cache``); a flag given wins over the ``KVPROXY_*`` environment variable.
@@ -6,6 +6,8 @@ Every field of ``Settings`` is a flag of the same name (``ttl`` -> ``--ttl``, ``
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -96,6 +98,72 @@ def models_list(cache_dir: str | None) -> None:
         for path in sorted(p for p in models_dir.iterdir() if p.is_dir() and p.name not in KNOWN_MODELS):
             if not path.name.startswith("."):
                 click.echo(f"{path}\tready")
+
+
+def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The settings that locate a cache: Redis, key prefix, blob directory."""
+    for name in reversed(("redis_url", "key_prefix", "blob_dir", "cache_dir", "redis_timeout")):
+        field = Settings.model_fields[name]
+        help_text = f"{field.description} [env KVPROXY_{name.upper()}]"
+        func = click.option("--" + name.replace("_", "-"), name, default=None, help=help_text)(func)
+    return func
+
+
+def open_store(**flags: Any) -> tuple[Any, Any]:
+    """The index and blob store the settings point at; exits 1 when Redis does not answer."""
+    import redis
+
+    from proxy.app import redis_client
+    from store.blobs import BlobStore
+    from store.index import RedisIndex
+
+    settings = load_settings(**flags)
+    index = RedisIndex(redis_client(settings), settings.key_prefix)
+    try:
+        index.ping()
+    except redis.RedisError as exc:
+        click.echo(
+            f"kvproxy: Redis at {settings.redis_url} is unreachable ({exc}); set --redis-url", err=True
+        )
+        sys.exit(1)
+    return index, BlobStore(settings.blob_root)
+
+
+@main.group()
+def cache() -> None:
+    """Inspect and administer the prefix cache (no model needed)."""
+
+
+@cache.command("stats")
+@cache_options
+def cache_stats(**flags: Any) -> None:
+    """Deployment-wide counters, blocks and bytes, as JSON."""
+    index, blobs = open_store(**flags)
+    click.echo(json.dumps(index.stats() | {"disk_bytes": blobs.used_bytes()}, indent=2, sort_keys=True))
+
+
+@cache.command("gc")
+@cache_options
+@click.option(
+    "--grace", type=float, default=60.0, show_default=True, help="Seconds an unindexed blob is kept."
+)
+def cache_gc(grace: float, **flags: Any) -> None:
+    """Reconcile index and blob store: reclaim expired, orphaned and unindexed blocks."""
+    from store.gc import collect
+
+    index, blobs = open_store(**flags)
+    click.echo(json.dumps(dataclasses.asdict(collect(index, blobs, grace)), indent=2))
+
+
+@cache.command("clear")
+@cache_options
+@click.option("--namespace", default=None, help="Only this namespace (32 hex digits).")
+def cache_clear(namespace: str | None, **flags: Any) -> None:
+    """Remove every cached block, or one namespace's."""
+    from store.gc import clear
+
+    index, blobs = open_store(**flags)
+    click.echo(json.dumps({"removed_blocks": clear(index, blobs, namespace)}))
 
 
 if __name__ == "__main__":

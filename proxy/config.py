@@ -32,6 +32,15 @@ class Settings(BaseSettings):
     key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
     blob_dir: Path | None = Field(None, description="Block blob directory (default: CACHE_DIR/blobs).")
     ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
+    max_ttl: int = Field(
+        86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
+    )
+    max_cache_bytes: int | None = Field(
+        None, gt=0, description="Byte budget of the blob store (default: half the free disk at start)."
+    )
+    gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
+    gc_grace: float = Field(60.0, ge=0, description="Seconds an unindexed blob is kept before collection.")
+    admin_key: str | None = Field(None, description="Bearer key required by the cache admin routes.")
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model and KV dtype.")
     device: str = Field("cpu", description="Torch device for the model.")

@@ -6,7 +6,7 @@ are accepted and ignored, as chat apps send many.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,9 @@ class SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
+        None, description="How long cached prefix blocks are kept: the server TTL, or 24 h (capped)."
+    )
     return_token_ids: bool = Field(
         False, description="Extension (as in vLLM): each choice also carries its `token_ids`."
     )

@@ -23,6 +23,7 @@ from engine.worker import (
     RequestHandle,
     TokenDelta,
 )
+from proxy.config import Settings
 from proxy.errors import OpenAIError
 from proxy.protocol import SamplingFields, usage
 
@@ -53,14 +54,21 @@ def check_model(engine: Engine, name: str) -> None:
         )
 
 
+RETENTION_S = {"24h": 86_400}
+
+
 def generation_request(
     engine: Engine,
+    settings: Settings,
     body: SamplingFields,
     prompt_ids: list[int],
     max_tokens: int | None,
     top_logprobs: int = 0,
 ) -> GenerationRequest:
     """Check lengths against the context and build the engine's request.
+
+    The cache TTL is the server's (``prompt_cache_retention`` absent or ``"in_memory"``), or the
+    requested retention capped at ``settings.max_ttl``.
 
     Raises:
         OpenAIError: empty prompt, or prompt + max_tokens over the model's context (400).
@@ -86,6 +94,7 @@ def generation_request(
         sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=body.seed),
         stop=body.stop_strings(),
         top_logprobs=top_logprobs,
+        cache_ttl_s=min(RETENTION_S.get(body.prompt_cache_retention or "", settings.ttl), settings.max_ttl),
     )
 
 

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 import redis
@@ -20,7 +20,7 @@ import torch
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
 from store.blobs import BlobStore
 from store.breaker import CircuitBreaker
-from store.gc import GcReport, collect
+from store.gc import GcReport, clear, collect
 from store.index import RedisIndex, new_entry, parse_member
 from store.interface import CacheHealth, KVBlock, KVSpec, PrefixMatch
 from store.serde import BlockVerificationError, decode_block, encode_block
@@ -65,6 +65,7 @@ class _SaveJob:
     key: torch.Tensor
     value: torch.Tensor
     ttl_s: int
+    created: float = field(default_factory=time.time)
 
 
 class BlockCache:
@@ -102,7 +103,9 @@ class BlockCache:
         self.stats = CacheStats()
         self.breaker = CircuitBreaker(breaker_cooldown_s)
         self._last_warning: dict[str, float] = {}
-        self._saves: queue.Queue[_SaveJob] = queue.Queue(maxsize=max_pending_saves)
+        # NOTE: one background thread does every write (blobs, index entries, shared counters), so
+        # nothing a request does waits on the disk or on a second Redis round trip.
+        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=max_pending_saves)
         self._writer = threading.Thread(target=self._write_loop, name="kvproxy-saver", daemon=True)
         self._writer.start()
 
@@ -149,6 +152,12 @@ class BlockCache:
                 break
             blocks.append(block)
         self.stats.add(blocks_loaded=len(blocks))
+        cached_tokens = min(BLOCK_SIZE * len(blocks), len(token_ids) - 1)
+        self._share(
+            prompt_tokens=len(token_ids),
+            cached_tokens=cached_tokens,
+            verification_failures=len(entries) - len(blocks),
+        )
         return PrefixMatch(blocks)
 
     def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
@@ -177,29 +186,45 @@ class BlockCache:
         """See ``PrefixCache.save``: queue the blocks for the background writer."""
         assert key.shape[2] % BLOCK_SIZE == 0, key.shape
         job = _SaveJob(namespace, tuple(token_ids), first_block, key, value, ttl_s or self.ttl_s)
-        try:
-            self._saves.put_nowait(job)
-        except queue.Full:
+        if not self._enqueue(lambda: self._write(job)):
             self.stats.add(saves_dropped=key.shape[2] // BLOCK_SIZE)
             self._warn("queue", "save queue full: %d blocks not cached", key.shape[2] // BLOCK_SIZE)
 
     def flush(self, timeout_s: float) -> bool:
         """See ``PrefixCache.flush``."""
-        with self._saves.all_tasks_done:
-            return self._saves.all_tasks_done.wait_for(
-                lambda: self._saves.unfinished_tasks == 0, timeout=timeout_s
+        with self._jobs.all_tasks_done:
+            return self._jobs.all_tasks_done.wait_for(
+                lambda: self._jobs.unfinished_tasks == 0, timeout=timeout_s
             )
+
+    def _enqueue(self, job: Callable[[], None]) -> bool:
+        try:
+            self._jobs.put_nowait(job)
+            return True
+        except queue.Full:
+            return False
+
+    def _share(self, **counts: int) -> None:
+        """Add to the deployment-wide counters in Redis, in the background."""
+        if self.breaker.allow():
+            self._enqueue(lambda: self._redis_call("stats", self.index.add_stats, counts))
+
+    def _redis_call(self, operation: str, fn: Callable[..., object], *args: object) -> None:
+        try:
+            fn(*args)
+        except redis.RedisError as exc:
+            self._redis_failed(operation, exc)
 
     def _write_loop(self) -> None:
         while True:
-            job = self._saves.get()
+            job = self._jobs.get()
             try:
-                self._write(job)
+                job()
             except Exception:  # a bug here must not kill the writer thread
-                log.exception("unexpected error while saving blocks")
+                log.exception("unexpected error in the cache writer")
                 self.stats.add(save_errors=1)
             finally:
-                self._saves.task_done()
+                self._jobs.task_done()
 
     def _write(self, job: _SaveJob) -> None:
         num_blocks = job.key.shape[2] // BLOCK_SIZE
@@ -240,11 +265,12 @@ class BlockCache:
                 return
             try:
                 entry = new_entry(path, len(data), parent)
-                total = self.index.publish(job.namespace, hashes[i], i, entry, job.ttl_s)
+                total = self.index.publish(job.namespace, hashes[i], i, entry, job.ttl_s, job.created)
             except redis.RedisError as exc:
                 self._redis_failed("publish", exc)
                 return
             self.stats.add(blocks_saved=1)
+            self._share(blocks_saved=1)
             if total is not None and self.max_bytes is not None and total > self.max_bytes:
                 self._evict()
 
@@ -258,6 +284,7 @@ class BlockCache:
         for member in evicted:
             self.blobs.delete(self.blobs.relative_path(*parse_member(member)))
         self.stats.add(evicted_budget=len(evicted))
+        self._share(evicted_budget=len(evicted))
 
     # -- garbage collection and administration ------------------------------------------------
 
@@ -270,14 +297,34 @@ class BlockCache:
         except redis.RedisError as exc:
             self._redis_failed("gc", exc)
             return None
-        self.stats.add(
-            evicted_ttl=report.expired,
-            evicted_orphan=report.orphans,
-            evicted_gc=report.missing_blobs + report.unindexed_blobs,
-        )
+        counts = {
+            "evicted_ttl": report.expired,
+            "evicted_orphan": report.orphans,
+            "evicted_gc": report.missing_blobs + report.unindexed_blobs,
+        }
+        self.stats.add(**counts)
+        self._share(**counts)
         if self.max_bytes is not None and self.index.total_bytes() > self.max_bytes:
             self._evict()
         return report
+
+    def clear(self, namespace_hex: str | None = None) -> int:
+        """Remove every block (or one namespace's); see ``store.gc.clear``.
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        return clear(self.index, self.blobs, namespace_hex)
+
+    def shared_stats(self) -> dict[str, int] | None:
+        """Deployment-wide counters from Redis; None when Redis is unreachable."""
+        if not self.breaker.allow():
+            return None
+        try:
+            return self.index.stats()
+        except redis.RedisError as exc:
+            self._redis_failed("stats", exc)
+            return None
 
     # -- health -------------------------------------------------------------------------------
 

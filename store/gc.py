@@ -98,3 +98,24 @@ def _forget(
         except FileNotFoundError:
             pass
     return removed
+
+
+def clear(index: RedisIndex, blobs: BlobStore, namespace_hex: str | None = None) -> int:
+    """Remove every block (or every block of one namespace) from the index and the disk.
+
+    Returns:
+        How many indexed blocks were removed (files without entries are removed too).
+
+    Raises:
+        redis.RedisError: Redis failed.
+    """
+    report = GcReport()
+    removed = 0
+    for members in index.members():
+        chosen = [m for m in members if namespace_hex is None or m.startswith(f"{namespace_hex}:")]
+        removed += len(_forget(index, blobs, chosen, force=True, report=report))
+    for f in blobs.scan():
+        if namespace_hex is None or f.path.parent.parent.name == namespace_hex:
+            f.path.unlink(missing_ok=True)
+    blobs.remove_empty_dirs()
+    return removed

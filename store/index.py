@@ -8,6 +8,7 @@ prefix, ``{namespace_hex}:b:{hash_hex}``):
                           scored a little older than its head so it is evicted first
     ``{prefix}sizes``     hash: member -> blob bytes, for every member of ``lru``
     ``{prefix}bytes``     the sum of ``sizes``: what the blob store holds
+    ``{prefix}stats``     hash of deployment-wide counters (tokens queried and hit, blocks saved, ...)
 
 Redis never holds tensors. Every change to these keys is one Lua script, so several processes can
 share them: a lookup, a publish, an eviction and a reclaim are each atomic and one round trip.
@@ -25,11 +26,11 @@ import redis
 from hashing import BlockHash, Namespace
 
 # NOTE: EXPIRE ... GT (Redis >= 7) refreshes a TTL but never shortens one, so a block stored with
-# a longer retention keeps it when a request with the default TTL hits it. Scores: a block deeper
-# in the chain is one microsecond "older", so at equal recency the tail is evicted first.
+# a longer retention keeps it when a request with the default TTL hits it. Scores: the time of the
+# request (the caller's clock), a block deeper in the chain one microsecond "older", so the blocks
+# one request used or stored are evicted tail first.
 _MATCH = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now = tonumber(ARGV[4])
 local plen = tonumber(ARGV[3])
 local entries = {}
 for i, key in ipairs(KEYS) do
@@ -44,9 +45,7 @@ return entries
 
 _PUBLISH = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return -1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-redis.call('ZADD', ARGV[3], now - tonumber(ARGV[8]) * 1e-6, ARGV[6])
+redis.call('ZADD', ARGV[3], tonumber(ARGV[9]) - tonumber(ARGV[8]) * 1e-6, ARGV[6])
 if redis.call('HSETNX', ARGV[4], ARGV[6], ARGV[7]) == 1 then
   return redis.call('INCRBY', ARGV[5], ARGV[7])
 end
@@ -142,6 +141,7 @@ class RedisIndex:
         self.lru_key = f"{key_prefix}lru"
         self.sizes_key = f"{key_prefix}sizes"
         self.bytes_key = f"{key_prefix}bytes"
+        self.stats_key = f"{key_prefix}stats"
         self._match = client.register_script(_MATCH)
         self._publish = client.register_script(_PUBLISH)
         self._evict = client.register_script(_EVICT)
@@ -160,7 +160,7 @@ class RedisIndex:
             return []
         keys = [self.block_key(namespace, h) for h in hashes]
         entries: list[IndexEntry] = []
-        for raw in self._match(keys=keys, args=[ttl_s, self.lru_key, len(self.key_prefix)]):
+        for raw in self._match(keys=keys, args=[ttl_s, self.lru_key, len(self.key_prefix), time.time()]):
             try:
                 entries.append(IndexEntry.from_json(raw))
             except (ValueError, KeyError, TypeError):
@@ -175,9 +175,19 @@ class RedisIndex:
         return [not found for found in pipe.execute()]
 
     def publish(
-        self, namespace: Namespace, block_hash: BlockHash, index: int, entry: IndexEntry, ttl_s: int
+        self,
+        namespace: Namespace,
+        block_hash: BlockHash,
+        index: int,
+        entry: IndexEntry,
+        ttl_s: int,
+        used_at: float,
     ) -> int | None:
         """Index a block whose blob is complete on disk: ``SET NX EX``, LRU position, size.
+
+        Args:
+            index: the block's position in its chain (deeper blocks are evicted first).
+            used_at: Unix time (seconds) of the request that computed the block.
 
         Returns:
             The bytes the blob store holds now, or None when another writer published the block
@@ -193,6 +203,7 @@ class RedisIndex:
             member,
             entry.size,
             index,
+            used_at,
         ]
         total = int(self._publish(keys=[self.key_prefix + member], args=args))
         return None if total < 0 else total
@@ -256,6 +267,24 @@ class RedisIndex:
         for m in members:
             pipe.hexists(self.sizes_key, m)
         return [bool(x) for x in pipe.execute()]
+
+    def add_stats(self, counts: dict[str, int]) -> None:
+        """Add to the deployment-wide counters (shared by every process on this Redis)."""
+        pipe = self.client.pipeline(transaction=False)
+        for name, delta in counts.items():
+            if delta:
+                pipe.hincrby(self.stats_key, name, delta)
+        pipe.execute()
+
+    def stats(self) -> dict[str, int]:
+        """Deployment-wide counters, plus the blocks and bytes the blob store holds now."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.stats_key)
+        pipe.zcard(self.lru_key)
+        pipe.get(self.bytes_key)
+        counters, blocks, total = pipe.execute()
+        out = {k.decode(): int(v) for k, v in counters.items()}
+        return out | {"blocks": int(blocks), "bytes": int(total or 0)}
 
     def total_bytes(self) -> int:
         return int(self.client.get(self.bytes_key) or 0)

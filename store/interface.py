@@ -95,10 +95,13 @@ class PrefixCache(Protocol):
     - ``flush`` waits (at most ``timeout_s`` seconds) until scheduled saves are done.
     """
 
-    def lookup(self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int) -> PrefixMatch:
+    def lookup(
+        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int, ttl_s: int | None = None
+    ) -> PrefixMatch:
         """Longest verified cached prefix of ``token_ids``, at most ``max_blocks`` blocks.
 
-        Refreshes the TTL of every matched block (sliding TTL).
+        Refreshes the TTL of every matched block to at least ``ttl_s`` seconds (sliding TTL;
+        None: the cache's default) and marks them recently used.
         """
         ...
 
@@ -109,8 +112,10 @@ class PrefixCache(Protocol):
         first_block: int,
         key: torch.Tensor,
         value: torch.Tensor,
+        ttl_s: int | None = None,
     ) -> None:
-        """Schedule blocks ``first_block ..`` of ``token_ids`` for storage.
+        """Schedule blocks ``first_block ..`` of ``token_ids`` for storage with a TTL of ``ttl_s``
+        seconds (None: the cache's default).
 
         Args:
             token_ids: the whole sequence so far (prompt, or prompt + completion).

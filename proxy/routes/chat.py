@@ -9,10 +9,11 @@ from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 
 from engine.worker import Engine, TokenDelta
+from proxy.config import Settings
 from proxy.errors import OpenAIError
 from proxy.protocol import ChatCompletionRequest
 from proxy.serving import check_model, complete, generation_request, new_id, now, sse_stream, submit
-from proxy.state import get_engine
+from proxy.state import get_engine, get_settings
 
 router = APIRouter()
 
@@ -51,13 +52,16 @@ def chat_logprobs(engine: Engine, tokens: list[TokenDelta]) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, engine: Annotated[Engine, Depends(get_engine)]
+    body: ChatCompletionRequest,
+    request: Request,
+    engine: Annotated[Engine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
 ) -> Any:
     check_model(engine, body.model)
     prompt_ids = render_prompt(engine, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    handle = submit(engine, generation_request(engine, body, prompt_ids, max_tokens, top))
+    handle = submit(engine, generation_request(engine, settings, body, prompt_ids, max_tokens, top))
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:

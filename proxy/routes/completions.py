@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from engine.worker import Engine, TokenDelta
+from proxy.config import Settings
 from proxy.errors import OpenAIError
 from proxy.protocol import CompletionRequest
 from proxy.serving import check_model, complete, generation_request, new_id, now, sse_stream, submit
-from proxy.state import get_engine
+from proxy.state import get_engine, get_settings
 
 router = APIRouter()
 
@@ -47,11 +48,16 @@ def completion_logprobs(engine: Engine, tokens: list[TokenDelta], offset: int = 
 
 @router.post("/v1/completions")
 async def completions(
-    body: CompletionRequest, request: Request, engine: Annotated[Engine, Depends(get_engine)]
+    body: CompletionRequest,
+    request: Request,
+    engine: Annotated[Engine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
 ) -> Any:
     check_model(engine, body.model)
     top = body.logprobs or 0
-    handle = submit(engine, generation_request(engine, body, prompt_ids(engine, body), body.max_tokens, top))
+    handle = submit(
+        engine, generation_request(engine, settings, body, prompt_ids(engine, body), body.max_tokens, top)
+    )
     completion_id, created = new_id("cmpl"), now()
     want_logprobs = body.logprobs is not None
 

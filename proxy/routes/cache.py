@@ -1,0 +1,83 @@
+"""Cache administration: ``GET /v1/cache/stats``, ``POST /v1/cache/gc``, ``POST /v1/cache/clear``.
+
+Protected by ``--admin-key`` (``Authorization: Bearer <key>``) when one is configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Annotated, Any
+
+import redis
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from engine.worker import Engine
+from proxy.config import Settings
+from proxy.errors import OpenAIError
+from proxy.state import get_cache, get_engine, get_settings
+from store.cache import BlockCache
+
+
+def require_admin(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
+    """401 unless the request carries the admin key (when one is configured)."""
+    if settings.admin_key is None:
+        return
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not secrets.compare_digest(given.encode(), settings.admin_key.encode()):
+        raise OpenAIError(
+            401, "this route needs the admin key", type="authentication_error", code="invalid_api_key"
+        )
+
+
+router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
+
+
+def _require_cache(cache: BlockCache | None) -> BlockCache:
+    if cache is None:
+        raise OpenAIError(400, "caching is off on this server (--no-cache)", code="cache_disabled")
+    return cache
+
+
+@router.get("/stats")
+async def cache_stats(
+    engine: Annotated[Engine, Depends(get_engine)], cache: Annotated[BlockCache | None, Depends(get_cache)]
+) -> dict[str, Any]:
+    """Deployment-wide counters (from Redis, summed over every process) and this process's own."""
+    process: dict[str, Any] = {"engine": dataclasses.asdict(engine.stats)}
+    deployment = None
+    if cache is not None:
+        process["cache"] = cache.stats.as_dict()
+        deployment = await run_in_threadpool(cache.shared_stats)
+    return {"deployment": deployment, "process": process}
+
+
+@router.post("/gc")
+async def cache_gc(cache: Annotated[BlockCache | None, Depends(get_cache)]) -> dict[str, Any]:
+    """Run one garbage collection now (grace period as configured)."""
+    block_cache = _require_cache(cache)
+    report = await run_in_threadpool(block_cache.gc)
+    if report is None:
+        raise OpenAIError(503, "Redis is unreachable", type="server_error", code="cache_unavailable")
+    return dataclasses.asdict(report)
+
+
+class ClearRequest(BaseModel):
+    namespace: str | None = Field(None, pattern="^[0-9a-f]{32}$", description="Only this namespace (hex).")
+
+
+@router.post("/clear")
+async def cache_clear(
+    cache: Annotated[BlockCache | None, Depends(get_cache)], body: ClearRequest | None = None
+) -> dict[str, Any]:
+    """Remove every cached block, or one namespace's."""
+    block_cache = _require_cache(cache)
+    try:
+        removed = await run_in_threadpool(block_cache.clear, body.namespace if body else None)
+    except redis.RedisError as exc:
+        raise OpenAIError(
+            503, f"Redis is unreachable: {exc}", type="server_error", code="cache_unavailable"
+        ) from exc
+    return {"removed_blocks": removed}
