@@ -194,7 +194,7 @@ class RedisIndex:
             first (nothing changes).
         """
         member = member_name(namespace, block_hash)
-        args: list[str | int] = [
+        args: list[str | int | float] = [
             entry.to_json(),
             ttl_s,
             self.lru_key,
