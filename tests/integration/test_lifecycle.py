@@ -1,0 +1,160 @@
+"""Cache lifecycle: sliding TTL, retention, whole-chain expiry, byte budget (LRU), garbage
+collection, administration. Real Redis, tiny model, real HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+
+from hashing import block_hashes
+from tests.api import Api
+from tests.integration.conftest import random_tokens
+
+P = random_tokens(300, seed=61)  # 300 prompt + 8 generated tokens: two full blocks
+
+
+def block_keys(redis_client, key_prefix):
+    return list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
+
+
+def files(settings):
+    return [p for p in settings.blob_root.rglob("*") if p.is_file()] if settings.blob_root.exists() else []
+
+
+def test_hits_slide_the_ttl_then_the_chain_expires_whole(
+    settings, tiny_model, serve, redis_client, key_prefix
+):
+    """TTL 2 s: hits at 1.3 s and 2.6 s keep the blocks; 2.5 s without hits expires both; after a
+    collection the disk and the index's accounting are back to their baseline."""
+    with serve(settings.model_copy(update={"ttl": 2, "gc_interval": 3600}), tiny_model) as server:
+        api = Api(server)
+        api.complete(P)
+        api.flush()
+        ttls = [redis_client.ttl(k) for k in block_keys(redis_client, key_prefix)]
+        assert len(ttls) == 2 and all(0 < t <= 2 for t in ttls)
+        time.sleep(1.3)
+        assert api.complete(P).cached_tokens == 256
+        time.sleep(1.3)  # 2.6 s after storing: alive only because the hit refreshed it
+        assert api.complete(P).cached_tokens == 256
+        time.sleep(2.5)
+        assert block_keys(redis_client, key_prefix) == []
+        report = api.cache.gc(grace_s=0)
+        assert report.expired == 2
+        assert files(settings) == [] and api.cache.index.total_bytes() == 0
+        assert api.cache.index.num_blocks() == 0
+        assert api.complete(P).cached_tokens == 0
+
+
+def test_retention_24h_is_granted_up_to_max_ttl(settings, tiny_model, serve, redis_client, key_prefix):
+    """prompt_cache_retention=24h gets min(86400, --max-ttl); a default hit never shortens it."""
+    with serve(settings.model_copy(update={"ttl": 5, "max_ttl": 50}), tiny_model) as server:
+        api = Api(server)
+        api.complete(P, prompt_cache_retention="24h")
+        api.flush()
+        assert all(5 < redis_client.ttl(k) <= 50 for k in block_keys(redis_client, key_prefix))
+        api.complete(P)
+        assert all(5 < redis_client.ttl(k) <= 50 for k in block_keys(redis_client, key_prefix))
+        bad = httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={"model": "tiny", "prompt": P, "prompt_cache_retention": "forever"},
+        )
+        assert bad.status_code == 400
+
+
+def test_orphaned_descendants_are_never_served_and_are_reclaimed(cached, settings, redis_client):
+    """Block 0's entry gone: blocks 1 and 2 can never be served; gc removes them and their blobs."""
+    prompt = random_tokens(3 * 128 + 30, seed=62)
+    cached.complete(prompt)
+    cached.flush()
+    namespace = cached.engine.namespace("default")
+    hashes = block_hashes(prompt, namespace)
+    redis_client.delete(cached.cache.index.block_key(namespace, hashes[0]))  # as if it expired
+    assert cached.cache.lookup(namespace, prompt, 3).num_blocks == 0
+    report = cached.cache.gc(grace_s=0)
+    assert (report.expired, report.orphans) == (1, 2)
+    assert files(settings) == [] and cached.cache.index.total_bytes() == 0
+
+
+def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
+    """Budget of 4 blocks: A, B stored, A hit, C stored -> B goes (tail first), A stays."""
+    a, b, c = (random_tokens(300, seed=s) for s in (71, 72, 73))
+    cached.complete(a)
+    cached.flush()
+    block_size = cached.cache.index.total_bytes() // 2
+    cached.cache.max_bytes = 4 * block_size
+    cached.complete(b)
+    cached.flush()
+    assert cached.cache.index.num_blocks() == 4 and cached.cache.stats.evicted_budget == 0
+    cached.complete(a)  # A is now more recently used than B
+    cached.complete(c[:200])  # one new block: B's tail must go
+    cached.flush()
+    namespace = cached.engine.namespace("default")
+    hb = block_hashes(b, namespace)
+    assert cached.cache.stats.evicted_budget == 1
+    assert not (settings.blob_root / cached.cache.blobs.relative_path(namespace, hb[1])).exists()
+    assert (settings.blob_root / cached.cache.blobs.relative_path(namespace, hb[0])).exists()
+    assert cached.cache.index.total_bytes() <= 4 * block_size
+    assert cached.cache.lookup(namespace, a, 2).num_blocks == 2
+    cached.complete(c)  # C's second block: B's head goes next
+    cached.flush()
+    assert cached.cache.stats.evicted_budget == 2
+    assert cached.cache.lookup(namespace, b, 2).num_blocks == 0
+    assert cached.cache.index.total_bytes() <= 4 * block_size
+
+
+def test_gc_removes_unindexed_blobs_after_the_grace_period_only(cached, settings):
+    """A stray blob (no entry) survives a collection while young and goes once older than grace."""
+    cached.complete(P)
+    cached.flush()
+    blob = next(settings.blob_root.rglob("*.safetensors"))
+    stray = blob.with_name("ff" * 16 + ".safetensors")
+    stray.write_bytes(blob.read_bytes())
+    assert cached.cache.gc(grace_s=60).unindexed_blobs == 0 and stray.exists()
+    time.sleep(0.2)
+    assert cached.cache.gc(grace_s=0.1).unindexed_blobs == 1 and not stray.exists()
+    assert cached.complete(P).cached_tokens == 256  # indexed blobs untouched
+
+
+def test_admin_routes_need_the_admin_key(settings, tiny_model, serve):
+    """GET /v1/cache/stats and POST /v1/cache/clear: 401 without the key, then work with it."""
+    with serve(settings.model_copy(update={"admin_key": "s3cret"}), tiny_model) as server:
+        api, url = Api(server), server.base_url
+        api.complete(P)
+        api.flush()
+        assert httpx.get(f"{url}/v1/cache/stats").status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        stats = httpx.get(f"{url}/v1/cache/stats", headers=auth).json()
+        assert stats["deployment"]["blocks"] == 2 and stats["process"]["cache"]["blocks_saved"] == 2
+        assert (
+            httpx.post(f"{url}/v1/cache/clear", headers={"Authorization": "Bearer nope"}).status_code == 401
+        )
+        assert httpx.post(f"{url}/v1/cache/clear", headers=auth).json() == {"removed_blocks": 2}
+        assert files(settings) == [] and api.complete(P).cached_tokens == 0
+
+
+def test_cli_stats_gc_clear(cached, settings, key_prefix):
+    """`kvproxy cache stats|gc|clear` on the same Redis and blob directory."""
+    cached.complete(P)
+    cached.flush()
+    flags = [
+        "--redis-url",
+        settings.redis_url,
+        "--key-prefix",
+        key_prefix,
+        "--blob-dir",
+        str(settings.blob_root),
+    ]
+
+    def cli(*args: str) -> str:
+        cmd = [sys.executable, "-m", "proxy.cli", "cache", *args, *flags]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
+
+    assert '"blocks": 2' in cli("stats")
+    assert '"unindexed_blobs": 0' in cli("gc")
+    namespace = cached.engine.namespace("default").hex()
+    assert cli("clear", "--namespace", "0" * 32) == '{"removed_blocks": 0}\n'
+    assert cli("clear", "--namespace", namespace) == '{"removed_blocks": 2}\n'
+    assert files(settings) == []
