@@ -75,11 +75,17 @@ def _forward(model: Any, ids: Sequence[int], past: DynamicCache, start: int) -> 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """OpenAI sampling parameters. ``temperature`` 0 means greedy (argmax)."""
+    """OpenAI sampling parameters. ``temperature`` 0 means greedy (argmax).
+
+    Penalties follow OpenAI's definition: a token's logit is lowered by ``frequency_penalty`` times
+    how often it was generated so far, plus ``presence_penalty`` once it was generated at all.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 class Sampler:
@@ -92,9 +98,21 @@ class Sampler:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
+        self.counts: torch.Tensor | None = None  # [vocab_size] times each token was generated
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """Next token id from ``logits`` ``[vocab_size]``."""
+        """Next token id from ``logits`` ``[vocab_size]`` (penalties applied to a copy)."""
+        if self.params.presence_penalty or self.params.frequency_penalty:
+            if self.counts is None:
+                self.counts = torch.zeros_like(logits)
+            logits = logits - self.params.frequency_penalty * self.counts
+            logits = logits - self.params.presence_penalty * (self.counts > 0).to(logits.dtype)
+            token = self._draw(logits)
+            self.counts[token] += 1
+            return token
+        return self._draw(logits)
+
+    def _draw(self, logits: torch.Tensor) -> int:
         if self.params.temperature <= 1e-5:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / self.params.temperature, dim=-1)

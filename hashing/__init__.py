@@ -1,6 +1,6 @@
 """Block identity: tokens -> full 128-token blocks -> chained block hashes.
 
-Pure functions, no I/O. The rules are normative (DESIGN.md, "Block identity"):
+Pure functions, no I/O. The rules are normative (docs/design.md, "Block identity"):
 
 - namespace ``N = xxh3_128(canonical JSON of {format_version, model_fingerprint, kv_dtype,
   block_size, tenant})``;

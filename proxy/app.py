@@ -16,8 +16,10 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.loading import LoadedModel, load_model
 from engine.worker import Engine
+from proxy.auth import parse_api_keys
 from proxy.config import Settings
 from proxy.errors import install_error_handlers
+from proxy.limits import BodySizeLimit
 from proxy.routes import cache, chat, completions, health, models
 from store.blobs import BlobStore
 from store.cache import BlockCache
@@ -101,6 +103,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             ``settings.model`` at start-up when None.
     """
     settings = settings or Settings()
+    api_keys = parse_api_keys(settings.api_keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,6 +129,8 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         await run_in_threadpool(engine.close)
 
     app = FastAPI(title="kvproxy", lifespan=lifespan)
+    app.state.api_keys = api_keys
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     for module in (chat, completions, models, health, cache):
         app.include_router(module.router)

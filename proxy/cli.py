@@ -53,8 +53,13 @@ def serve(**flags: Any) -> None:
 
     from engine.loading import load_model
     from proxy.app import create_app
+    from proxy.auth import parse_api_keys
 
     settings = load_settings(**flags)
+    try:
+        parse_api_keys(settings.api_keys)
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(f"--api-keys: {exc}") from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         loaded = load_model(

@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
     gc_grace: float = Field(60.0, ge=0, description="Seconds an unindexed blob is kept before collection.")
     admin_key: str | None = Field(None, description="Bearer key required by the cache admin routes.")
+    api_keys: str | None = Field(
+        None,
+        description="Require Bearer keys on /v1: comma-separated `key` or `key=tenant`, or a file of "
+        "one per line. Keys naming the same tenant share its cache; others never share.",
+    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes.")
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model and KV dtype.")
     device: str = Field("cpu", description="Torch device for the model.")

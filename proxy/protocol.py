@@ -21,7 +21,7 @@ class ContentPart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
@@ -30,6 +30,16 @@ class ChatMessage(_Lenient):
         if isinstance(self.content, list):
             return "".join(part.text or "" for part in self.content if part.type == "text")
         return self.content or ""
+
+    def template_role(self) -> str:
+        """The role as chat templates know it: ``developer`` is OpenAI's newer name for ``system``."""
+        return "system" if self.role == "developer" else self.role
+
+    def unsupported(self) -> str | None:
+        """The first content part kvproxy cannot serve (images, audio, files), if any."""
+        if isinstance(self.content, list):
+            return next((part.type for part in self.content if part.type != "text"), None)
+        return None
 
 
 class StreamOptions(_Lenient):
@@ -44,10 +54,13 @@ class SamplingFields(_Lenient):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, max_length=4)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
         None, description="How long cached prefix blocks are kept: the server TTL, or 24 h (capped)."
     )
@@ -60,9 +73,19 @@ class SamplingFields(_Lenient):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """``(param, reason)`` for the first field this server cannot honour, if any."""
+        if self.n != 1:
+            return "n", "only n=1 is supported; send one request per choice"
+        return None
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ResponseFormat(_Lenient):
+    type: str
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -70,12 +93,53 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """``(param, reason)`` for the first field this server cannot honour, if any."""
+        if (common := super().unsupported_field()) is not None:
+            return common
+        for name in ("tools", "functions", "audio"):
+            if getattr(self, name, None):  # extra fields land as attributes
+                return name, f"`{name}` is not supported by this server"
+        if self.model_extra and self.model_extra.get("modalities") not in (None, ["text"]):
+            return "modalities", "only text output is supported"
+        if self.response_format is not None and self.response_format.type != "text":
+            return (
+                "response_format",
+                f"response_format `{self.response_format.type}` is not supported; use `text`",
+            )
+        for i, message in enumerate(self.messages):
+            if (kind := message.unsupported()) is not None:
+                return (
+                    f"messages[{i}].content",
+                    f"content parts of type `{kind}` are not supported; send text",
+                )
+        return None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """``(param, reason)`` for the first field this server cannot honour, if any."""
+        if (common := super().unsupported_field()) is not None:
+            return common
+        if self.suffix:
+            return "suffix", "`suffix` (insertion) is not supported by this server"
+        if self.best_of is not None and self.best_of > 1:
+            return "best_of", "`best_of` > 1 is not supported by this server"
+        if self.echo and self.logprobs is not None:
+            return (
+                "echo",
+                "`echo` with `logprobs` is not supported (prompt log-probabilities are not computed)",
+            )
+        return None
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

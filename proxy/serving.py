@@ -43,6 +43,14 @@ class Completion:
     usage: dict[str, Any] = field(default_factory=dict)
 
 
+def check_request(engine: Engine, body: SamplingFields) -> None:
+    """404 for another model, 400 naming the first field this server cannot honour."""
+    check_model(engine, body.model)
+    if (unsupported := body.unsupported_field()) is not None:
+        param, reason = unsupported
+        raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
+
+
 def check_model(engine: Engine, name: str) -> None:
     """Raises a 404 ``model_not_found`` unless ``name`` is the served model."""
     if name != engine.loaded.name:
@@ -60,6 +68,7 @@ RETENTION_S = {"24h": 86_400}
 def generation_request(
     engine: Engine,
     settings: Settings,
+    tenant: str,
     body: SamplingFields,
     prompt_ids: list[int],
     max_tokens: int | None,
@@ -91,9 +100,16 @@ def generation_request(
     return GenerationRequest(
         prompt_ids=tuple(prompt_ids),
         max_tokens=budget,
-        sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=body.seed),
+        sampling=SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            seed=body.seed,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+        ),
         stop=body.stop_strings(),
         top_logprobs=top_logprobs,
+        tenant=tenant,
         cache_ttl_s=min(RETENTION_S.get(body.prompt_cache_retention or "", settings.ttl), settings.max_ttl),
     )
 
@@ -148,7 +164,11 @@ def new_id(prefix: str) -> str:
 
 
 async def sse_stream(
-    handle: RequestHandle, chunk: ChunkBuilder, include_usage: bool, every_token: bool = False
+    handle: RequestHandle,
+    chunk: ChunkBuilder,
+    include_usage: bool,
+    every_token: bool = False,
+    first_text: str = "",
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed completion, ending with ``data: [DONE]``.
 
@@ -159,9 +179,12 @@ async def sse_stream(
         chunk: builds one chunk object.
         include_usage: send OpenAI's final usage chunk (empty ``choices``).
         every_token: one chunk per token even while its text is held back (for logprobs).
+        first_text: text sent before the completion's (the prompt, for ``echo``).
     """
     prompt_tokens = cached_tokens = 0
     try:
+        if first_text:
+            yield _sse(chunk(first_text, [], None))
         async for event in handle:
             if isinstance(event, PrefillDone):
                 prompt_tokens, cached_tokens = event.prompt_tokens, event.cached_tokens

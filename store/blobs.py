@@ -1,6 +1,6 @@
 """The blob store: one safetensors file per block on a local or shared filesystem.
 
-Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (DESIGN.md, "Storage").
+Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (docs/design.md, "Storage").
 Writes go to a temporary file in the same directory, are fsynced, then hard-linked into place,
 so a reader (in this or another process) sees either no file or a complete one, and a blob once
 placed is never modified: a second writer of the same block keeps the first file.

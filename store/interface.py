@@ -1,7 +1,7 @@
 """Contracts and value types of the prefix cache.
 
 Block tensors have shape ``[num_layers, num_kv_heads, BLOCK_SIZE, head_dim]`` (the layout of
-DESIGN.md, "Storage"): layer-major, so one block is two contiguous tensors however many layers.
+docs/design.md, "Storage"): layer-major, so one block is two contiguous tensors however many layers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One block <-> one safetensors file, with verification on the way back.
 
-File layout (DESIGN.md, "Storage"): tensors ``key`` and ``value``
+File layout (docs/design.md, "Storage"): tensors ``key`` and ``value``
 ``[num_layers, num_kv_heads, 128, head_dim]`` in the KV dtype, ``token_ids`` ``[128]`` int64, and
 string metadata ``format``, ``namespace``, ``block_hash``, ``parent_hash`` (empty for block 0),
 ``block_index`` and ``dtype``. Only safetensors, never pickle: a file is parsed as data, so a

@@ -1,36 +1,23 @@
 """Cache administration: ``GET /v1/cache/stats``, ``POST /v1/cache/gc``, ``POST /v1/cache/clear``.
 
-Protected by ``--admin-key`` (``Authorization: Bearer <key>``) when one is configured.
+Protected by ``--admin-key`` (``Authorization: Bearer <key>``); see ``proxy.auth.require_admin``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from typing import Annotated, Any
 
 import redis
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine
-from proxy.config import Settings
+from proxy.auth import require_admin
 from proxy.errors import OpenAIError
-from proxy.state import get_cache, get_engine, get_settings
+from proxy.state import get_cache, get_engine
 from store.cache import BlockCache
-
-
-def require_admin(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
-    """401 unless the request carries the admin key (when one is configured)."""
-    if settings.admin_key is None:
-        return
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not secrets.compare_digest(given.encode(), settings.admin_key.encode()):
-        raise OpenAIError(
-            401, "this route needs the admin key", type="authentication_error", code="invalid_api_key"
-        )
-
 
 router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
 

@@ -9,10 +9,11 @@ from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 
 from engine.worker import Engine, TokenDelta
+from proxy.auth import Tenant
 from proxy.config import Settings
 from proxy.errors import OpenAIError
 from proxy.protocol import ChatCompletionRequest
-from proxy.serving import check_model, complete, generation_request, new_id, now, sse_stream, submit
+from proxy.serving import check_request, complete, generation_request, new_id, now, sse_stream, submit
 from proxy.state import get_engine, get_settings
 
 router = APIRouter()
@@ -27,7 +28,7 @@ def render_prompt(engine: Engine, body: ChatCompletionRequest) -> list[int]:
     tokenizer = engine.loaded.tokenizer
     if not tokenizer.chat_template:
         raise OpenAIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [{"role": m.template_role(), "content": m.text()} for m in body.messages]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:
@@ -56,12 +57,13 @@ async def chat_completions(
     request: Request,
     engine: Annotated[Engine, Depends(get_engine)],
     settings: Annotated[Settings, Depends(get_settings)],
+    tenant: Tenant,
 ) -> Any:
-    check_model(engine, body.model)
+    check_request(engine, body)
     prompt_ids = render_prompt(engine, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    handle = submit(engine, generation_request(engine, settings, body, prompt_ids, max_tokens, top))
+    handle = submit(engine, generation_request(engine, settings, tenant, body, prompt_ids, max_tokens, top))
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:

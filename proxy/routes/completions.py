@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from engine.worker import Engine, TokenDelta
+from proxy.auth import Tenant
 from proxy.config import Settings
 from proxy.errors import OpenAIError
 from proxy.protocol import CompletionRequest
-from proxy.serving import check_model, complete, generation_request, new_id, now, sse_stream, submit
+from proxy.serving import check_request, complete, generation_request, new_id, now, sse_stream, submit
 from proxy.state import get_engine, get_settings
 
 router = APIRouter()
@@ -52,12 +53,15 @@ async def completions(
     request: Request,
     engine: Annotated[Engine, Depends(get_engine)],
     settings: Annotated[Settings, Depends(get_settings)],
+    tenant: Tenant,
 ) -> Any:
-    check_model(engine, body.model)
+    check_request(engine, body)
     top = body.logprobs or 0
-    handle = submit(
-        engine, generation_request(engine, settings, body, prompt_ids(engine, body), body.max_tokens, top)
-    )
+    ids = prompt_ids(engine, body)
+    handle = submit(engine, generation_request(engine, settings, tenant, body, ids, body.max_tokens, top))
+    echoed = ""
+    if body.echo:
+        echoed = body.prompt if isinstance(body.prompt, str) else engine.loaded.tokenizer.decode(ids)
     completion_id, created = new_id("cmpl"), now()
     want_logprobs = body.logprobs is not None
 
@@ -75,7 +79,7 @@ async def completions(
         }
 
     if body.stream:
-        stream = sse_stream(handle, chunk, body.include_usage, every_token=want_logprobs)
+        stream = sse_stream(handle, chunk, body.include_usage, every_token=want_logprobs, first_text=echoed)
         return StreamingResponse(stream, media_type="text/event-stream")
     result = await complete(handle, request)
-    return chunk(result.text, result.tokens, result.finish_reason) | {"usage": result.usage}
+    return chunk(echoed + result.text, result.tokens, result.finish_reason) | {"usage": result.usage}

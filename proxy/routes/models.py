@@ -7,9 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from engine.worker import Engine
+from proxy.auth import get_tenant
 from proxy.state import get_engine
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(get_tenant)])
 
 
 @router.get("/v1/models")

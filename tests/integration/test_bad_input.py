@@ -1,0 +1,111 @@
+"""Bad input gets a clear OpenAI-shaped error with the right status, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from tests.integration.conftest import random_tokens
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+LONG = random_tokens(300, seed=9)  # a prompt long enough to store blocks, were it accepted
+
+# (name, path, body (dict, or raw bytes), expected status, expected param or None, expected code or None)
+CASES = [
+    ("malformed JSON", CHAT, b'{"model": "tiny", "messages": [', 400, None, None),
+    ("body is not an object", CHAT, b"[1, 2, 3]", 400, None, None),
+    ("missing messages", CHAT, {"model": "tiny"}, 400, "messages", None),
+    ("empty messages", CHAT, {"model": "tiny", "messages": []}, 400, "messages", None),
+    ("messages wrong type", CHAT, {"model": "tiny", "messages": "hi"}, 400, "messages", None),
+    ("unknown role", CHAT, {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role", None),
+    ("content wrong type", CHAT, {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, None, None),
+    ("max_tokens zero", CHAT, {"model": "tiny", "messages": USER, "max_tokens": 0}, 400, "max_tokens", None),
+    ("max_tokens negative", COMPLETIONS, {"model": "tiny", "prompt": LONG, "max_tokens": -3}, 400, "max_tokens", None),
+    ("max_tokens string", CHAT, {"model": "tiny", "messages": USER, "max_tokens": "many"}, 400, "max_tokens", None),
+    ("temperature out of range", CHAT, {"model": "tiny", "messages": USER, "temperature": 7}, 400, "temperature", None),
+    ("top_p zero", CHAT, {"model": "tiny", "messages": USER, "top_p": 0}, 400, "top_p", None),
+    ("n = 2", CHAT, {"model": "tiny", "messages": USER, "n": 2}, 400, "n", "unsupported_parameter"),
+    ("tools", CHAT, {"model": "tiny", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
+    ("json mode", CHAT, {"model": "tiny", "messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_parameter"),
+    ("image part", CHAT, {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "messages[0].content", "unsupported_parameter"),
+    ("audio output", CHAT, {"model": "tiny", "messages": USER, "modalities": ["text", "audio"]}, 400, "modalities", "unsupported_parameter"),
+    ("unknown model", CHAT, {"model": "gpt-9", "messages": USER}, 404, "model", "model_not_found"),
+    ("negative token id", COMPLETIONS, {"model": "tiny", "prompt": [*LONG, -1]}, 400, "prompt", None),
+    ("token id past vocab", COMPLETIONS, {"model": "tiny", "prompt": [*LONG, 10**9]}, 400, "prompt", None),
+    ("empty prompt", COMPLETIONS, {"model": "tiny", "prompt": []}, 400, "prompt", None),
+    ("prompt wrong type", COMPLETIONS, {"model": "tiny", "prompt": {"a": 1}}, 400, "prompt", None),
+    ("suffix", COMPLETIONS, {"model": "tiny", "prompt": LONG, "suffix": "x"}, 400, "suffix", "unsupported_parameter"),
+    ("best_of 2", COMPLETIONS, {"model": "tiny", "prompt": LONG, "best_of": 2}, 400, "best_of", "unsupported_parameter"),
+    ("echo with logprobs", COMPLETIONS, {"model": "tiny", "prompt": LONG, "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
+    ("over the context", COMPLETIONS, {"model": "tiny", "prompt": LONG, "max_tokens": 5000}, 400, "max_tokens", "context_length_exceeded"),
+    ("huge max_tokens", CHAT, {"model": "tiny", "messages": USER, "max_tokens": 10**12}, 400, "max_tokens", "context_length_exceeded"),
+    ("bad retention", COMPLETIONS, {"model": "tiny", "prompt": LONG, "prompt_cache_retention": "1y"}, 400, "prompt_cache_retention", None),
+    ("too many stop strings", CHAT, {"model": "tiny", "messages": USER, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body", "status", "param", "code"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_rejected_cleanly(cached, settings, redis_client, key_prefix, name, path, body, status, param, code):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{cached.server.base_url}{path}", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    if param is not None:
+        assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    cached.flush()
+    assert not list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
+    assert not settings.blob_root.exists() or not list(settings.blob_root.rglob("*.safetensors"))
+
+
+def test_body_over_the_limit_is_413(settings, tiny_model, serve):
+    """Declared or streamed (chunked), a body over --max-body-bytes is refused before parsing."""
+    with serve(settings.model_copy(update={"max_body_bytes": 2000}), tiny_model) as server:
+        url = f"{server.base_url}{COMPLETIONS}"
+        declared = httpx.post(url, json={"model": "tiny", "prompt": "x" * 5000})
+
+        def chunks():
+            yield b'{"model": "tiny", "prompt": "'
+            for _ in range(20):
+                yield b"x" * 200
+            yield b'"}'
+
+        streamed = httpx.post(url, content=chunks(), headers={"content-type": "application/json"})
+    for r in (declared, streamed):
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_full_queue_answers_503_with_retry_after(settings, default_model, serve):
+    """--max-queue 1: while one long prefill runs and one request waits, the next is told to retry."""
+    import time
+
+    with serve(settings.model_copy(update={"max_queue": 1}), default_model) as server:
+        url = f"{server.base_url}{COMPLETIONS}"
+        body = {"model": default_model.name, "prompt": random_tokens(2000, seed=1), "max_tokens": 1}
+        engine = server.app.state.engine
+
+        def wait_for(condition) -> None:
+            deadline = time.monotonic() + 30
+            while not condition():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+        send = lambda: httpx.post(url, json=body, timeout=120)  # noqa: E731
+        running = threading.Thread(target=send)
+        running.start()
+        wait_for(lambda: not engine.idle and engine.queue_depth == 0)  # the first is running
+        waiting = threading.Thread(target=send)
+        waiting.start()
+        wait_for(lambda: engine.queue_depth == 1)  # the second is waiting
+        r = httpx.post(url, json=body)
+        running.join()
+        waiting.join()
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "server_error"
