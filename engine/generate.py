@@ -95,7 +95,8 @@ class Sampler:
         self.params = params
         self.generator = torch.Generator()
         if params.seed is not None:
-            self.generator.manual_seed(params.seed)
+            # NOTE: OpenAI accepts any integer seed; torch takes 64 bits.
+            self.generator.manual_seed(params.seed % 2**64)
         else:
             self.generator.seed()
         self.counts: torch.Tensor | None = None  # [vocab_size] times each token was generated

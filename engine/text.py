@@ -36,10 +36,13 @@ class TextStream:
         return self._emit(text[: len(text) - self._held_back(text)])
 
     def finish(self) -> str:
-        """Whatever was held back, at the end of a completion not ended by a stop string."""
+        """Whatever was held back, at the end of a completion not ended by a stop string.
+
+        A character left incomplete by the last token (``max_tokens`` cut it) is dropped.
+        """
         if self.stopped:
             return ""
-        return self._emit(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
+        return self._emit(self.tokenizer.decode(self.token_ids, skip_special_tokens=True).rstrip("\ufffd"))
 
     def _held_back(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""

@@ -24,11 +24,15 @@ def settings_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Add one ``--flag`` per ``Settings`` field; absent flags arrive as None."""
     for name, field in reversed(Settings.model_fields.items()):
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} [env KVPROXY_{name.upper()}]"
+        default = (
+            "" if field.default in (None, False) or field.default_factory else f"; default {field.default}"
+        )
+        help_text = f"{field.description} [env KVPROXY_{name.upper()}{default}]"
         if field.annotation is bool:
             func = click.option(flag, name, is_flag=True, flag_value=True, default=None, help=help_text)(func)
         else:
-            func = click.option(flag, name, default=None, help=help_text)(func)
+            kind = {int: click.INT, float: click.FLOAT}.get(field.annotation, click.STRING)  # type: ignore[call-overload]
+            func = click.option(flag, name, type=kind, default=None, help=help_text)(func)
     return func
 
 
@@ -69,7 +73,11 @@ def serve(**flags: Any) -> None:
         click.echo(f"kvproxy: {exc}", err=True)
         sys.exit(1)
     click.echo(f"kvproxy: serving {loaded.name} on http://{settings.host}:{settings.port}/v1", err=True)
-    uvicorn.run(create_app(settings, loaded), host=settings.host, port=settings.port)
+    # NOTE: on SIGTERM, requests in flight get a bounded time to finish; pending cache saves are
+    # then flushed by the app's shutdown.
+    uvicorn.run(
+        create_app(settings, loaded), host=settings.host, port=settings.port, timeout_graceful_shutdown=15
+    )
 
 
 @main.group()

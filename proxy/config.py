@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     redis_retry: float = Field(
         5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
     )
+    default_max_tokens: int = Field(
+        2048, ge=1, description="Completion length when a request sets no max_tokens (tokens)."
+    )
     max_queue: int = Field(64, ge=1, description="Requests that may wait for the engine.")
 
     @property

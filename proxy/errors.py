@@ -12,7 +12,9 @@ from starlette.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$")
+_UNION_TAG = re.compile(
+    r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$"
+)
 
 
 class OpenAIError(Exception):
@@ -50,7 +52,12 @@ def install_error_handlers(app: FastAPI) -> None:
         loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
-            message = "the request body is not valid JSON"
+            message, loc = (
+                f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})",
+                [],
+            )
+        elif first.get("type") == "missing" and not loc:
+            message = "the request needs a JSON body"
         param = ".".join(loc) or None
         return OpenAIError(400, f"{param}: {message}" if param else message, param=param).response()
 

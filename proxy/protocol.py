@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class _Lenient(BaseModel):
@@ -77,6 +77,8 @@ class SamplingFields(_Lenient):
         """``(param, reason)`` for the first field this server cannot honour, if any."""
         if self.n != 1:
             return "n", "only n=1 is supported; send one request per choice"
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true"
         return None
 
     @property
@@ -119,7 +121,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+    prompt: str | list[StrictInt]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False

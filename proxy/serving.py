@@ -86,15 +86,25 @@ def generation_request(
     if n == 0:
         raise OpenAIError(400, "the prompt is empty", param="prompt")
     context = engine.loaded.context_length
-    budget = context - n if max_tokens is None else max_tokens
-    if n + budget > context or budget < 1:
+    if n >= context:
+        raise OpenAIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the prompt alone has {n}.",
+            param="messages" if hasattr(body, "messages") else "prompt",
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:  # NOTE: OpenAI's "up to the context", bounded by the server's default
+        budget = min(context - n, settings.default_max_tokens)
+    elif n + max_tokens > context:
         raise OpenAIError(
             400,
             f"This model's maximum context length is {context} tokens; the prompt has {n} tokens "
-            f"and {budget} were requested for the completion.",
-            param="max_tokens" if max_tokens is not None else "messages",
+            f"and {max_tokens} were requested for the completion.",
+            param="max_tokens",
             code="context_length_exceeded",
         )
+    else:
+        budget = max_tokens
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
     return GenerationRequest(

@@ -3,8 +3,9 @@
 File layout (docs/design.md, "Storage"): tensors ``key`` and ``value``
 ``[num_layers, num_kv_heads, 128, head_dim]`` in the KV dtype, ``token_ids`` ``[128]`` int64, and
 string metadata ``format``, ``namespace``, ``block_hash``, ``parent_hash`` (empty for block 0),
-``block_index`` and ``dtype``. Only safetensors, never pickle: a file is parsed as data, so a
-crafted blob can at worst fail verification.
+``block_index``, ``dtype`` and ``checksum`` (xxh3-128 of the three tensors' bytes, so a flipped
+bit in the K/V is caught as surely as a wrong header). Only safetensors, never pickle: a file is
+parsed as data, so a crafted blob can at worst fail verification.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from collections.abc import Sequence
 
 import torch
+import xxhash
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -31,7 +33,8 @@ def encode_block(block: KVBlock, namespace: Namespace, parent: BlockHash | None,
         "value": block.value.to(spec.torch_dtype).contiguous(),
         "token_ids": torch.tensor(block.token_ids, dtype=torch.int64),
     }
-    return st_save(tensors, metadata=_metadata(block.index, block.block_hash, namespace, parent, spec))
+    metadata = _metadata(block.index, block.block_hash, namespace, parent, spec)
+    return st_save(tensors, metadata=metadata | {"checksum": _checksum(tensors)})
 
 
 def decode_block(
@@ -75,6 +78,8 @@ def decode_block(
     stored_ids = tensors["token_ids"]
     if stored_ids.dtype != torch.int64 or stored_ids.tolist() != list(token_ids):
         raise BlockVerificationError("token ids differ from the request (hash collision?)")
+    if metadata.get("checksum") != _checksum(tensors):
+        raise BlockVerificationError("tensor bytes do not match their checksum (corrupt file)")
     return KVBlock(index, block_hash, tuple(token_ids), tensors["key"], tensors["value"])
 
 
@@ -90,6 +95,14 @@ def _metadata(
         "block_size": str(BLOCK_SIZE),
         "dtype": spec.dtype,
     }
+
+
+def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """Hex xxh3-128 over the bytes of ``key``, ``value`` and ``token_ids``, in that order."""
+    digest = xxhash.xxh3_128()
+    for name in ("key", "value", "token_ids"):
+        digest.update(tensors[name].contiguous().view(torch.uint8).numpy().data)
+    return digest.hexdigest()
 
 
 def _read_metadata(data: bytes) -> dict[str, str]:

@@ -20,4 +20,10 @@ async def health(
     cache: Annotated[BlockCache | None, Depends(get_cache)],
 ) -> dict[str, Any]:
     state = "disabled" if cache is None else await run_in_threadpool(cache.health)
-    return {"status": "ok", "cache": state, "model": engine.loaded.name, "queue_depth": engine.queue_depth}
+    return {
+        "status": "ok",
+        "cache": state,
+        "model": engine.loaded.name,
+        "busy": not engine.idle,
+        "queue_depth": engine.queue_depth,
+    }

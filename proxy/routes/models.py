@@ -8,12 +8,22 @@ from fastapi import APIRouter, Depends
 
 from engine.worker import Engine
 from proxy.auth import get_tenant
+from proxy.serving import check_model
 from proxy.state import get_engine
 
 router = APIRouter(dependencies=[Depends(get_tenant)])
 
 
+def describe(engine: Engine) -> dict[str, Any]:
+    return {"id": engine.loaded.name, "object": "model", "created": 0, "owned_by": "kvproxy"}
+
+
 @router.get("/v1/models")
 async def list_models(engine: Annotated[Engine, Depends(get_engine)]) -> dict[str, Any]:
-    model = {"id": engine.loaded.name, "object": "model", "created": 0, "owned_by": "kvproxy"}
-    return {"object": "list", "data": [model]}
+    return {"object": "list", "data": [describe(engine)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, engine: Annotated[Engine, Depends(get_engine)]) -> dict[str, Any]:
+    check_model(engine, model_id)
+    return describe(engine)

@@ -24,12 +24,18 @@ def test_sync_async_and_streaming_agree(cached, client) -> None:
 
     async def run_async():
         aclient = AsyncOpenAI(base_url=f"{cached.server.base_url}/v1", api_key="unused")
-        return await aclient.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0)
+        return await aclient.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=10, temperature=0
+        )
 
     async_reply = asyncio.run(run_async())
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=10, temperature=0, stream=True,
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -48,7 +54,15 @@ def test_completions_with_token_ids_and_text_parts(cached, client) -> None:
     second = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens == 128
     assert first.choices[0].text == second.choices[0].text
-    parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is the capital "},
+                {"type": "text", "text": "of France?"},
+            ],
+        }
+    ]
     a = client.chat.completions.create(model="tiny", messages=parts, max_tokens=8, temperature=0)
     b = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
     assert a.choices[0].message.content == b.choices[0].message.content
@@ -64,8 +78,13 @@ def test_sampling_fields(client) -> None:
 
     greedy = dict(model="tiny", messages=MESSAGES, temperature=0, max_tokens=30)
     base = client.chat.completions.create(**greedy, extra_body={"return_token_ids": True})
-    penalized = client.chat.completions.create(frequency_penalty=2.0, **greedy, extra_body={"return_token_ids": True})
-    ids, penalized_ids = base.choices[0].model_extra["token_ids"], penalized.choices[0].model_extra["token_ids"]
+    penalized = client.chat.completions.create(
+        frequency_penalty=2.0, **greedy, extra_body={"return_token_ids": True}
+    )
+    ids, penalized_ids = (
+        base.choices[0].model_extra["token_ids"],
+        penalized.choices[0].model_extra["token_ids"],
+    )
     assert len(set(penalized_ids)) > len(set(ids))  # the tiny model repeats itself; the penalty stops it
 
     lp = client.chat.completions.create(logprobs=True, top_logprobs=3, **greedy)
@@ -81,12 +100,16 @@ def test_stop_strings_are_excluded(client) -> None:
     text = full.choices[0].text
     stop = text[5:8]
     assert len(stop) == 3 and text.find(stop) >= 0
-    cut = client.completions.create(model="tiny", prompt="The quick brown", max_tokens=20, temperature=0, stop=[stop, "zzz"])
+    cut = client.completions.create(
+        model="tiny", prompt="The quick brown", max_tokens=20, temperature=0, stop=[stop, "zzz"]
+    )
     assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
 
 
 def test_echo_and_developer_role(client) -> None:
-    echoed = client.completions.create(model="tiny", prompt="hello there", max_tokens=3, temperature=0, echo=True)
+    echoed = client.completions.create(
+        model="tiny", prompt="hello there", max_tokens=3, temperature=0, echo=True
+    )
     plain = client.completions.create(model="tiny", prompt="hello there", max_tokens=3, temperature=0)
     assert echoed.choices[0].text == "hello there" + plain.choices[0].text
     dev = [{"role": "developer", "content": "Be brief."}, *MESSAGES]

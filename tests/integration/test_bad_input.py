@@ -21,37 +21,160 @@ CASES = [
     ("missing messages", CHAT, {"model": "tiny"}, 400, "messages", None),
     ("empty messages", CHAT, {"model": "tiny", "messages": []}, 400, "messages", None),
     ("messages wrong type", CHAT, {"model": "tiny", "messages": "hi"}, 400, "messages", None),
-    ("unknown role", CHAT, {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role", None),
-    ("content wrong type", CHAT, {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, None, None),
+    (
+        "unknown role",
+        CHAT,
+        {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        "messages.0.role",
+        None,
+    ),
+    (
+        "content wrong type",
+        CHAT,
+        {"model": "tiny", "messages": [{"role": "user", "content": 5}]},
+        400,
+        None,
+        None,
+    ),
     ("max_tokens zero", CHAT, {"model": "tiny", "messages": USER, "max_tokens": 0}, 400, "max_tokens", None),
-    ("max_tokens negative", COMPLETIONS, {"model": "tiny", "prompt": LONG, "max_tokens": -3}, 400, "max_tokens", None),
-    ("max_tokens string", CHAT, {"model": "tiny", "messages": USER, "max_tokens": "many"}, 400, "max_tokens", None),
-    ("temperature out of range", CHAT, {"model": "tiny", "messages": USER, "temperature": 7}, 400, "temperature", None),
+    (
+        "max_tokens negative",
+        COMPLETIONS,
+        {"model": "tiny", "prompt": LONG, "max_tokens": -3},
+        400,
+        "max_tokens",
+        None,
+    ),
+    (
+        "max_tokens string",
+        CHAT,
+        {"model": "tiny", "messages": USER, "max_tokens": "many"},
+        400,
+        "max_tokens",
+        None,
+    ),
+    (
+        "temperature out of range",
+        CHAT,
+        {"model": "tiny", "messages": USER, "temperature": 7},
+        400,
+        "temperature",
+        None,
+    ),
     ("top_p zero", CHAT, {"model": "tiny", "messages": USER, "top_p": 0}, 400, "top_p", None),
     ("n = 2", CHAT, {"model": "tiny", "messages": USER, "n": 2}, 400, "n", "unsupported_parameter"),
-    ("tools", CHAT, {"model": "tiny", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
-    ("json mode", CHAT, {"model": "tiny", "messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_parameter"),
-    ("image part", CHAT, {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "messages[0].content", "unsupported_parameter"),
-    ("audio output", CHAT, {"model": "tiny", "messages": USER, "modalities": ["text", "audio"]}, 400, "modalities", "unsupported_parameter"),
+    (
+        "tools",
+        CHAT,
+        {"model": "tiny", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+        "unsupported_parameter",
+    ),
+    (
+        "json mode",
+        CHAT,
+        {"model": "tiny", "messages": USER, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+        "unsupported_parameter",
+    ),
+    (
+        "image part",
+        CHAT,
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+            ],
+        },
+        400,
+        "messages[0].content",
+        "unsupported_parameter",
+    ),
+    (
+        "audio output",
+        CHAT,
+        {"model": "tiny", "messages": USER, "modalities": ["text", "audio"]},
+        400,
+        "modalities",
+        "unsupported_parameter",
+    ),
     ("unknown model", CHAT, {"model": "gpt-9", "messages": USER}, 404, "model", "model_not_found"),
     ("negative token id", COMPLETIONS, {"model": "tiny", "prompt": [*LONG, -1]}, 400, "prompt", None),
     ("token id past vocab", COMPLETIONS, {"model": "tiny", "prompt": [*LONG, 10**9]}, 400, "prompt", None),
     ("empty prompt", COMPLETIONS, {"model": "tiny", "prompt": []}, 400, "prompt", None),
     ("prompt wrong type", COMPLETIONS, {"model": "tiny", "prompt": {"a": 1}}, 400, "prompt", None),
-    ("suffix", COMPLETIONS, {"model": "tiny", "prompt": LONG, "suffix": "x"}, 400, "suffix", "unsupported_parameter"),
-    ("best_of 2", COMPLETIONS, {"model": "tiny", "prompt": LONG, "best_of": 2}, 400, "best_of", "unsupported_parameter"),
-    ("echo with logprobs", COMPLETIONS, {"model": "tiny", "prompt": LONG, "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
-    ("over the context", COMPLETIONS, {"model": "tiny", "prompt": LONG, "max_tokens": 5000}, 400, "max_tokens", "context_length_exceeded"),
-    ("huge max_tokens", CHAT, {"model": "tiny", "messages": USER, "max_tokens": 10**12}, 400, "max_tokens", "context_length_exceeded"),
-    ("bad retention", COMPLETIONS, {"model": "tiny", "prompt": LONG, "prompt_cache_retention": "1y"}, 400, "prompt_cache_retention", None),
-    ("too many stop strings", CHAT, {"model": "tiny", "messages": USER, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+    (
+        "suffix",
+        COMPLETIONS,
+        {"model": "tiny", "prompt": LONG, "suffix": "x"},
+        400,
+        "suffix",
+        "unsupported_parameter",
+    ),
+    (
+        "best_of 2",
+        COMPLETIONS,
+        {"model": "tiny", "prompt": LONG, "best_of": 2},
+        400,
+        "best_of",
+        "unsupported_parameter",
+    ),
+    (
+        "echo with logprobs",
+        COMPLETIONS,
+        {"model": "tiny", "prompt": LONG, "echo": True, "logprobs": 1},
+        400,
+        "echo",
+        "unsupported_parameter",
+    ),
+    (
+        "over the context",
+        COMPLETIONS,
+        {"model": "tiny", "prompt": LONG, "max_tokens": 5000},
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "huge max_tokens",
+        CHAT,
+        {"model": "tiny", "messages": USER, "max_tokens": 10**12},
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "bad retention",
+        COMPLETIONS,
+        {"model": "tiny", "prompt": LONG, "prompt_cache_retention": "1y"},
+        400,
+        "prompt_cache_retention",
+        None,
+    ),
+    (
+        "too many stop strings",
+        CHAT,
+        {"model": "tiny", "messages": USER, "stop": ["a", "b", "c", "d", "e"]},
+        400,
+        "stop",
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "path", "body", "status", "param", "code"), CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_rejected_cleanly(cached, settings, redis_client, key_prefix, name, path, body, status, param, code):
+@pytest.mark.parametrize(
+    ("name", "path", "body", "status", "param", "code"), CASES, ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_rejected_cleanly(
+    cached, settings, redis_client, key_prefix, name, path, body, status, param, code
+):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(f"{cached.server.base_url}{path}", content=content, headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{cached.server.base_url}{path}", content=content, headers={"content-type": "application/json"}
+    )
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]

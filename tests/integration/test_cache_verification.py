@@ -31,7 +31,16 @@ def collision(path: Path) -> None:
     rewrite(path, lambda t: t | {"token_ids": torch.flip(t["token_ids"], [0])})
 
 
+def flip_tensor_bytes(path: Path) -> None:
+    """Overwrite bytes in the middle of the tensor data; header and size unchanged."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(4096)
+    path.write_bytes(bytes(data))
+
+
 DAMAGE: dict[str, Callable[[Path], None]] = {
+    "tensor-bytes": flip_tensor_bytes,
     "collision": collision,
     "deleted": lambda p: p.unlink(),
     "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),

@@ -74,8 +74,9 @@ def test_any_mismatch_fails_verification(overrides: dict[str, object]) -> None:
         lambda data: b"\xff" * 64 + data[64:],
         lambda data: pickle.dumps({"key": [1, 2, 3]}),
         lambda data: b"",
+        lambda data: data[:-100] + bytes(100),
     ],
-    ids=["truncated", "random-header", "pickle", "empty"],
+    ids=["truncated", "random-header", "pickle", "empty", "tensor-bytes"],
 )
 def test_damaged_data_fails_verification(damage) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BlockVerificationError):
