@@ -151,8 +151,12 @@ def cache() -> None:
 @cache_options
 def cache_stats(**flags: Any) -> None:
     """Deployment-wide counters, blocks and bytes, as JSON."""
+    from store.stats import SharedStats
+
     index, blobs = open_store(**flags)
-    click.echo(json.dumps(index.stats() | {"disk_bytes": blobs.used_bytes()}, indent=2, sort_keys=True))
+    totals = SharedStats(index.client, index.key_prefix).totals()
+    stored = {"blocks": index.num_blocks(), "bytes": index.total_bytes(), "disk_bytes": blobs.used_bytes()}
+    click.echo(json.dumps(totals | stored, indent=2, sort_keys=True))
 
 
 @cache.command("gc")

@@ -23,7 +23,8 @@ from store.breaker import CircuitBreaker
 from store.gc import GcReport, clear, collect
 from store.index import RedisIndex, new_entry, parse_member
 from store.interface import CacheHealth, KVBlock, KVSpec, PrefixMatch
-from store.serde import BlockVerificationError, decode_block, encode_block
+from store.serde import BlockVerificationError, decode_block, encode_block, read_token_ids
+from store.stats import SharedStats
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class BlockCache:
         max_pending_saves: int = 64,
     ) -> None:
         self.index = index
+        self.shared = SharedStats(index.client, index.key_prefix)
         self.blobs = blobs
         self.spec = spec
         self.ttl_s = ttl_s
@@ -116,16 +118,33 @@ class BlockCache:
     ) -> PrefixMatch:
         """See ``PrefixCache.lookup``: one Redis round trip, then read and verify in chain order."""
         self.stats.add(lookups=1)
+        match = self._match(namespace, token_ids, max_blocks, ttl_s)
+        cached_tokens = min(match.num_tokens, len(token_ids) - 1)
+        failures = 1 if match.miss_reason == "failed verification" else 0
+        self._share(
+            namespace,
+            prompt_tokens=len(token_ids),
+            cached_tokens=cached_tokens,
+            verification_failures=failures,
+        )
+        return match
+
+    def _match(
+        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int, ttl_s: int | None
+    ) -> PrefixMatch:
         hashes = block_hashes(token_ids[: max_blocks * BLOCK_SIZE], namespace)
-        if not hashes or not self.breaker.allow():
+        if not hashes:
             return PrefixMatch([])
+        if not self.breaker.allow():
+            return PrefixMatch([], "cache unavailable")
         try:
-            entries = self.index.match(namespace, hashes, ttl_s or self.ttl_s)
+            entries, seen = self.index.match(namespace, hashes, ttl_s or self.ttl_s)
         except redis.RedisError as exc:
             self._redis_failed("match", exc)
-            return PrefixMatch([])
+            return PrefixMatch([], "cache unavailable")
         self._redis_ok()
         self.stats.add(blocks_matched=len(entries))
+        miss_reason = None if len(entries) == len(hashes) else "expired or evicted" if seen else "never seen"
 
         blocks: list[KVBlock] = []
         for i in range(len(entries)):
@@ -149,16 +168,41 @@ class BlockCache:
                 log.warning("cache block %d (%s) dropped: %s", i, block_hash.hex(), exc)
                 self.stats.add(verification_failures=1)
                 self._discard(namespace, block_hash)
+                miss_reason = "failed verification"
                 break
             blocks.append(block)
         self.stats.add(blocks_loaded=len(blocks))
-        cached_tokens = min(BLOCK_SIZE * len(blocks), len(token_ids) - 1)
-        self._share(
-            prompt_tokens=len(token_ids),
-            cached_tokens=cached_tokens,
-            verification_failures=len(entries) - len(blocks),
-        )
-        return PrefixMatch(blocks)
+        return PrefixMatch(blocks, miss_reason)
+
+    def divergence(
+        self, namespace: Namespace, token_ids: Sequence[int], block: int
+    ) -> tuple[int, list[int]] | None:
+        """Where ``token_ids`` first differs from a cached sibling of its block ``block``.
+
+        Looks for a stored block with the same parent (so the same tokens before it, in this
+        namespace only) and compares token ids.
+
+        Returns:
+            ``(token position, the sibling's 128 token ids)``, or None when no sibling is stored
+            (or Redis or the blob cannot be read).
+        """
+        prefix = block_hashes(token_ids[: block * BLOCK_SIZE], namespace)
+        parent = prefix[-1] if prefix else None
+        try:
+            siblings = self.index.children(namespace, parent)
+        except redis.RedisError as exc:
+            self._redis_failed("children", exc)
+            return None
+        mine = list(token_ids[block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE])
+        for sibling in siblings:
+            try:
+                theirs = read_token_ids(self.blobs.read(self.blobs.relative_path(namespace, sibling)))
+            except (OSError, BlockVerificationError):
+                continue
+            differs = next((j for j, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
+            if differs is not None:
+                return block * BLOCK_SIZE + differs, theirs
+        return None
 
     def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
         """Remove a block that cannot be served: its index entry, then its blob (so the next save
@@ -204,10 +248,11 @@ class BlockCache:
         except queue.Full:
             return False
 
-    def _share(self, **counts: int) -> None:
-        """Add to the deployment-wide counters in Redis, in the background."""
+    def _share(self, namespace: Namespace | None = None, **counts: int) -> None:
+        """Add to the deployment-wide counters in Redis (and the namespace's), in the background."""
         if self.breaker.allow():
-            self._enqueue(lambda: self._redis_call("stats", self.index.add_stats, counts))
+            scope = namespace.hex() if namespace is not None else None
+            self._enqueue(lambda: self._redis_call("stats", self.shared.add, scope, counts))
 
     def _redis_call(self, operation: str, fn: Callable[..., object], *args: object) -> None:
         try:
@@ -265,12 +310,12 @@ class BlockCache:
                 return
             try:
                 entry = new_entry(path, len(data), parent)
-                total = self.index.publish(job.namespace, hashes[i], i, entry, job.ttl_s, job.created)
+                total = self.index.publish(job.namespace, hashes[i], parent, i, entry, job.ttl_s, job.created)
             except redis.RedisError as exc:
                 self._redis_failed("publish", exc)
                 return
             self.stats.add(blocks_saved=1)
-            self._share(blocks_saved=1)
+            self._share(job.namespace, blocks_saved=1)
             if total is not None and self.max_bytes is not None and total > self.max_bytes:
                 self._evict()
 
@@ -284,7 +329,7 @@ class BlockCache:
         for member in evicted:
             self.blobs.delete(self.blobs.relative_path(*parse_member(member)))
         self.stats.add(evicted_budget=len(evicted))
-        self._share(evicted_budget=len(evicted))
+        self._share(None, evicted_budget=len(evicted))
 
     # -- garbage collection and administration ------------------------------------------------
 
@@ -303,7 +348,7 @@ class BlockCache:
             "evicted_gc": report.missing_blobs + report.unindexed_blobs,
         }
         self.stats.add(**counts)
-        self._share(**counts)
+        self._share(None, **counts)
         if self.max_bytes is not None and self.index.total_bytes() > self.max_bytes:
             self._evict()
         return report
@@ -316,12 +361,25 @@ class BlockCache:
         """
         return clear(self.index, self.blobs, namespace_hex)
 
-    def shared_stats(self) -> dict[str, int] | None:
-        """Deployment-wide counters from Redis; None when Redis is unreachable."""
+    def shared_stats(self, namespace: Namespace | None = None) -> dict[str, object] | None:
+        """Counters of the deployment (or of one namespace) from Redis, the token hit rate over
+        the last minute and hour, and, for the deployment, the blocks and bytes stored now.
+        None when Redis is unreachable."""
         if not self.breaker.allow():
             return None
+        scope = namespace.hex() if namespace is not None else None
         try:
-            return self.index.stats()
+            out: dict[str, object] = dict(self.shared.totals(scope))
+            for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
+                window = self.shared.window(scope, seconds)
+                out[label] = {
+                    "queried_tokens": window.queried,
+                    "hit_tokens": window.hit,
+                    "hit_rate": window.hit_rate,
+                }
+            if namespace is None:
+                out |= {"blocks": self.index.num_blocks(), "bytes": self.index.total_bytes()}
+            return out
         except redis.RedisError as exc:
             self._redis_failed("stats", exc)
             return None

@@ -8,7 +8,10 @@ prefix, ``{namespace_hex}:b:{hash_hex}``):
                           scored a little older than its head so it is evicted first
     ``{prefix}sizes``     hash: member -> blob bytes, for every member of ``lru``
     ``{prefix}bytes``     the sum of ``sizes``: what the blob store holds
-    ``{prefix}stats``     hash of deployment-wide counters (tokens queried and hit, blocks saved, ...)
+    ``{prefix}{ns}:s:{hash}``  "seen": a block was stored once (kept a week), to tell a miss on
+                          a block never seen from one on a block that expired or was evicted
+    ``{prefix}{ns}:c:{parent_hex or "root"}``  set of child hashes, to find where a prompt diverged
+    (``store.stats`` keeps the deployment-wide counters under ``{prefix}stats`` and ``{prefix}tok:``)
 
 Redis never holds tensors. Every change to these keys is one Lua script, so several processes can
 share them: a lookup, a publish, an eviction and a reclaim are each atomic and one round trip.
@@ -25,6 +28,8 @@ import redis
 
 from hashing import BlockHash, Namespace
 
+SEEN_TTL_S = 7 * 86_400
+
 # NOTE: EXPIRE ... GT (Redis >= 7) refreshes a TTL but never shortens one, so a block stored with
 # a longer retention keeps it when a request with the default TTL hits it. Scores: the time of the
 # request (the caller's clock), a block deeper in the chain one microsecond "older", so the blocks
@@ -33,19 +38,29 @@ _MATCH = """
 local now = tonumber(ARGV[4])
 local plen = tonumber(ARGV[3])
 local entries = {}
+local seen = 0
 for i, key in ipairs(KEYS) do
   local entry = redis.call('GET', key)
-  if not entry then break end
+  if not entry then
+    local member = string.sub(key, plen + 1)
+    local ns, hash = string.match(member, '^(%x+):b:(%x+)$')
+    seen = redis.call('EXISTS', ARGV[5] .. ns .. ':s:' .. hash)
+    break
+  end
   redis.call('EXPIRE', key, ARGV[1], 'GT')
   redis.call('ZADD', ARGV[2], 'XX', now - i * 1e-6, string.sub(key, plen + 1))
   entries[i] = entry
 end
-return entries
+return {entries, seen}
 """
 
 _PUBLISH = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return -1 end
 redis.call('ZADD', ARGV[3], tonumber(ARGV[9]) - tonumber(ARGV[8]) * 1e-6, ARGV[6])
+redis.call('SET', ARGV[10], '1', 'EX', ARGV[12])
+redis.call('SADD', ARGV[11], ARGV[13])
+redis.call('EXPIRE', ARGV[11], ARGV[2], 'GT')
+redis.call('EXPIRE', ARGV[11], ARGV[2], 'NX')
 if redis.call('HSETNX', ARGV[4], ARGV[6], ARGV[7]) == 1 then
   return redis.call('INCRBY', ARGV[5], ARGV[7])
 end
@@ -141,7 +156,6 @@ class RedisIndex:
         self.lru_key = f"{key_prefix}lru"
         self.sizes_key = f"{key_prefix}sizes"
         self.bytes_key = f"{key_prefix}bytes"
-        self.stats_key = f"{key_prefix}stats"
         self._match = client.register_script(_MATCH)
         self._publish = client.register_script(_PUBLISH)
         self._evict = client.register_script(_EVICT)
@@ -150,22 +164,47 @@ class RedisIndex:
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
         return self.key_prefix + member_name(namespace, block_hash)
 
-    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int) -> list[IndexEntry]:
+    def match(
+        self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int
+    ) -> tuple[list[IndexEntry], bool]:
         """Entries of the leading blocks present, stopping at the first missing one.
 
         One round trip; refreshes the TTL of each matched key to at least ``ttl_s`` seconds and
         marks it used now. An entry that does not parse ends the match there.
+
+        Returns:
+            The entries, and whether the first missing block (if any) was stored once before
+            (it expired or was evicted) rather than never seen.
         """
         if not hashes:
-            return []
+            return [], False
         keys = [self.block_key(namespace, h) for h in hashes]
+        args: list[str | int | float] = [
+            ttl_s,
+            self.lru_key,
+            len(self.key_prefix),
+            time.time(),
+            self.key_prefix,
+        ]
+        raws, seen = self._match(keys=keys, args=args)
         entries: list[IndexEntry] = []
-        for raw in self._match(keys=keys, args=[ttl_s, self.lru_key, len(self.key_prefix), time.time()]):
+        for raw in raws:
             try:
                 entries.append(IndexEntry.from_json(raw))
             except (ValueError, KeyError, TypeError):
                 break
-        return entries
+        return entries, bool(seen)
+
+    def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
+        """Hashes of blocks stored under ``parent`` (None: the first block of a chain) that
+        still have an index entry."""
+        members: set[bytes] = self.client.smembers(self._children_key(namespace, parent))  # type: ignore[assignment]
+        hashes = [BlockHash(bytes.fromhex(m.decode())) for m in members]
+        missing = self.missing(namespace, hashes) if hashes else []
+        return [h for h, gone in zip(hashes, missing, strict=True) if not gone]
+
+    def _children_key(self, namespace: Namespace, parent: BlockHash | None) -> str:
+        return f"{self.key_prefix}{namespace.hex()}:c:{parent.hex() if parent is not None else 'root'}"
 
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
         """For each hash, whether the index lacks it (one pipelined round trip)."""
@@ -178,6 +217,7 @@ class RedisIndex:
         self,
         namespace: Namespace,
         block_hash: BlockHash,
+        parent: BlockHash | None,
         index: int,
         entry: IndexEntry,
         ttl_s: int,
@@ -204,6 +244,10 @@ class RedisIndex:
             entry.size,
             index,
             used_at,
+            f"{self.key_prefix}{namespace.hex()}:s:{block_hash.hex()}",
+            self._children_key(namespace, parent),
+            SEEN_TTL_S,
+            block_hash.hex(),
         ]
         total = int(self._publish(keys=[self.key_prefix + member], args=args))
         return None if total < 0 else total
@@ -267,24 +311,6 @@ class RedisIndex:
         for m in members:
             pipe.hexists(self.sizes_key, m)
         return [bool(x) for x in pipe.execute()]
-
-    def add_stats(self, counts: dict[str, int]) -> None:
-        """Add to the deployment-wide counters (shared by every process on this Redis)."""
-        pipe = self.client.pipeline(transaction=False)
-        for name, delta in counts.items():
-            if delta:
-                pipe.hincrby(self.stats_key, name, delta)
-        pipe.execute()
-
-    def stats(self) -> dict[str, int]:
-        """Deployment-wide counters, plus the blocks and bytes the blob store holds now."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.stats_key)
-        pipe.zcard(self.lru_key)
-        pipe.get(self.bytes_key)
-        counters, blocks, total = pipe.execute()
-        out = {k.decode(): int(v) for k, v in counters.items()}
-        return out | {"blocks": int(blocks), "bytes": int(total or 0)}
 
     def total_bytes(self) -> int:
         return int(self.client.get(self.bytes_key) or 0)

@@ -70,9 +70,13 @@ class KVBlock:
 
 
 class PrefixMatch(NamedTuple):
-    """The verified leading blocks of a prompt found in the cache, in chain order."""
+    """The verified leading blocks of a prompt found in the cache, in chain order, and why the
+    match stopped before the prompt's last full block: ``"never seen"``, ``"expired or
+    evicted"``, ``"failed verification"``, ``"cache unavailable"``, or None when every full
+    block matched."""
 
     blocks: list[KVBlock]
+    miss_reason: str | None = None
 
     @property
     def num_blocks(self) -> int:

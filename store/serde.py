@@ -97,6 +97,18 @@ def _metadata(
     }
 
 
+def read_token_ids(data: bytes) -> list[int]:
+    """The token ids a blob holds (for explaining misses; not a verification).
+
+    Raises:
+        BlockVerificationError: unreadable data.
+    """
+    try:
+        return st_load(data)["token_ids"].tolist()
+    except Exception as exc:
+        raise BlockVerificationError(f"unreadable blob: {exc}") from exc
+
+
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:
     """Hex xxh3-128 over the bytes of ``key``, ``value`` and ``token_ids``, in that order."""
     digest = xxhash.xxh3_128()
