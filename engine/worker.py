@@ -32,7 +32,7 @@ from engine.kv import blocks_from_past, past_from_blocks
 from engine.loading import LoadedModel
 from engine.text import TextStream
 from hashing import BLOCK_SIZE, Namespace, namespace_digest
-from store.interface import PrefixCache
+from store.interface import PrefixCache, PrefixMatch
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,15 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class PrefillDone:
-    """The prompt is computed: ``cached_tokens`` of its ``prompt_tokens`` came from the cache."""
+    """The prompt is computed: ``cached_tokens`` of its ``prompt_tokens`` came from the cache
+    (``cached_blocks`` blocks; the match stopped for ``miss_reason``, see ``PrefixMatch``), and
+    ``prefill_s`` seconds went to loading and computing it."""
 
     prompt_tokens: int
     cached_tokens: int
     prefill_s: float
+    cached_blocks: int = 0
+    miss_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class PrefillResult:
     past: DynamicCache  # K/V of positions [0, n)
     cached_tokens: int
     cached_blocks: int
+    miss_reason: str | None = None
 
 
 @dataclass
@@ -233,14 +238,14 @@ class Engine:
             Cancelled: the request was cancelled between prefill chunks.
         """
         n = len(prompt_ids)
-        blocks = []
+        match = PrefixMatch([], "cache disabled")
         if self.cache is not None:
-            blocks = self.cache.lookup(namespace, prompt_ids, n // BLOCK_SIZE, cache_ttl_s).blocks
-        reused = min(BLOCK_SIZE * len(blocks), n - 1)
-        past = past_from_blocks(blocks, reused)
+            match = self.cache.lookup(namespace, prompt_ids, n // BLOCK_SIZE, cache_ttl_s)
+        reused = min(match.num_tokens, n - 1)
+        past = past_from_blocks(match.blocks, reused)
         logits = prefill(self.loaded.model, prompt_ids[reused:], past, reused, is_cancelled)
         self.stats.prefill_tokens += n - reused
-        return PrefillResult(logits, past, reused, len(blocks))
+        return PrefillResult(logits, past, reused, match.num_blocks, match.miss_reason)
 
     def generate(
         self,
@@ -259,7 +264,11 @@ class Engine:
         except Cancelled:
             emit(Finished("cancelled", 0))
             return
-        emit(PrefillDone(n, result.cached_tokens, time.perf_counter() - start))
+        emit(
+            PrefillDone(
+                n, result.cached_tokens, time.perf_counter() - start, result.cached_blocks, result.miss_reason
+            )
+        )
         self.stats.requests += 1
         self.stats.prompt_tokens += n
         self.stats.cached_tokens += result.cached_tokens

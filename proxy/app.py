@@ -20,7 +20,8 @@ from proxy.auth import parse_api_keys
 from proxy.config import Settings
 from proxy.errors import install_error_handlers
 from proxy.limits import BodySizeLimit
-from proxy.routes import cache, chat, completions, health, models
+from proxy.metrics import Metrics, RequestMetrics
+from proxy.routes import cache, chat, completions, health, models, observe
 from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
@@ -122,6 +123,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             collector = GarbageCollector(block_cache, settings.gc_interval, settings.gc_grace)
         engine = Engine(model, block_cache, settings.max_queue)
         app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
+        app.state.metrics = Metrics(engine, block_cache)
         log.info("serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_root)
         yield
         if collector is not None:
@@ -131,7 +133,8 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
     app = FastAPI(title="kvproxy", lifespan=lifespan)
     app.state.api_keys = api_keys
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics)
     install_error_handlers(app)
-    for module in (chat, completions, models, health, cache):
+    for module in (chat, completions, models, health, cache, observe):
         app.include_router(module.router)
     return app

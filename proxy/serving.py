@@ -25,6 +25,7 @@ from engine.worker import (
 )
 from proxy.config import Settings
 from proxy.errors import OpenAIError
+from proxy.explain import EXPLAIN_HEADER, cache_headers, explain, explanation_header, first_miss
 from proxy.protocol import SamplingFields, usage
 
 DISCONNECT_POLL_S = 0.2
@@ -138,23 +139,66 @@ def submit(engine: Engine, request: GenerationRequest) -> RequestHandle:
         ) from None
 
 
-async def complete(handle: RequestHandle, request: Request) -> Completion:
+@dataclass
+class Started:
+    """A request whose prompt is computed: its handle, the prefill outcome, the cache headers
+    every response carries, and the explanation when the client asked for one."""
+
+    handle: RequestHandle
+    done: PrefillDone
+    headers: dict[str, str]
+    explanation: dict[str, Any] | None
+
+
+async def start(request: Request, engine: Engine, generation: GenerationRequest) -> Started:
+    """Submit a request and wait until its prompt is computed; record its metrics.
+
+    A client that goes away meanwhile cancels the prefill.
+
+    Raises:
+        OpenAIError: 503 when the engine's queue is full; 499 when the client left.
+    """
+    handle = submit(engine, generation)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+    try:
+        event = await handle.events.get()
+    finally:
+        watcher.cancel()
+    if isinstance(event, Failed):
+        raise event.error
+    if not isinstance(event, PrefillDone):  # cancelled before its prompt was computed
+        raise OpenAIError(499, "the client closed the request", code="client_closed_request")
+    app = request.app.state
+    namespace = engine.namespace(generation.tenant)
+    app.metrics.observe(namespace.hex(), event, request.scope["state"]["started"], first_miss(event)[1])
+    explanation = None
+    if request.headers.get(EXPLAIN_HEADER) == "1":
+        explanation = await explain(engine, app.cache, generation.tenant, generation.prompt_ids, event)
+    return Started(handle, event, cache_headers(event), explanation)
+
+
+def stream_headers(started: Started) -> dict[str, str]:
+    """Headers of a streamed response: the cache outcome, and the explanation when asked."""
+    if started.explanation is None:
+        return started.headers
+    return started.headers | {EXPLAIN_HEADER: explanation_header(started.explanation)}
+
+
+async def complete(started: Started, request: Request) -> Completion:
     """Wait for the whole completion; a client that goes away cancels the generation."""
+    handle, done = started.handle, started.done
     watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
     result = Completion()
-    prompt_tokens = cached_tokens = 0
     parts: list[str] = []
     try:
         async for event in handle:
-            if isinstance(event, PrefillDone):
-                prompt_tokens, cached_tokens = event.prompt_tokens, event.cached_tokens
-            elif isinstance(event, TokenDelta):
+            if isinstance(event, TokenDelta):
                 parts.append(event.text)
                 result.tokens.append(event)
             elif isinstance(event, Finished):
                 parts.append(event.text)
                 result.text, result.finish_reason = "".join(parts), event.finish_reason
-                result.usage = usage(prompt_tokens, event.completion_tokens, cached_tokens)
+                result.usage = usage(done.prompt_tokens, event.completion_tokens, done.cached_tokens)
             elif isinstance(event, Failed):
                 raise event.error
     finally:
@@ -174,7 +218,7 @@ def new_id(prefix: str) -> str:
 
 
 async def sse_stream(
-    handle: RequestHandle,
+    started: Started,
     chunk: ChunkBuilder,
     include_usage: bool,
     every_token: bool = False,
@@ -191,14 +235,12 @@ async def sse_stream(
         every_token: one chunk per token even while its text is held back (for logprobs).
         first_text: text sent before the completion's (the prompt, for ``echo``).
     """
-    prompt_tokens = cached_tokens = 0
+    handle, done = started.handle, started.done
     try:
         if first_text:
             yield _sse(chunk(first_text, [], None))
         async for event in handle:
-            if isinstance(event, PrefillDone):
-                prompt_tokens, cached_tokens = event.prompt_tokens, event.cached_tokens
-            elif isinstance(event, TokenDelta) and (event.text or every_token):
+            if isinstance(event, TokenDelta) and (event.text or every_token):
                 yield _sse(chunk(event.text, [event], None))
             elif isinstance(event, Finished):
                 if event.text:
@@ -206,7 +248,7 @@ async def sse_stream(
                 yield _sse(chunk(None, [], event.finish_reason))
                 if include_usage:
                     last = chunk(None, [], None) | {"choices": []}
-                    last["usage"] = usage(prompt_tokens, event.completion_tokens, cached_tokens)
+                    last["usage"] = usage(done.prompt_tokens, event.completion_tokens, done.cached_tokens)
                     yield _sse(last)
             elif isinstance(event, Failed):
                 error = {

@@ -361,6 +361,39 @@ class BlockCache:
         """
         return clear(self.index, self.blobs, namespace_hex)
 
+    def stored(self) -> tuple[int, int] | None:
+        """``(blocks, bytes)`` the whole cache holds now; None when Redis is unreachable."""
+        if not self.breaker.allow():
+            return None
+        try:
+            return self.index.num_blocks(), self.index.total_bytes()
+        except redis.RedisError as exc:
+            self._redis_failed("stats", exc)
+            return None
+
+    def timeline(
+        self, namespace: Namespace | None = None, minutes: int = 60
+    ) -> list[dict[str, object]] | None:
+        """Tokens queried and hit per minute over the last ``minutes``, for the deployment or one
+        namespace; None when Redis is unreachable."""
+        if not self.breaker.allow():
+            return None
+        scope = namespace.hex() if namespace is not None else None
+        try:
+            buckets = self.shared.buckets(scope, minutes * 60)
+        except redis.RedisError as exc:
+            self._redis_failed("stats", exc)
+            return None
+        per_minute: dict[int, list[int]] = {}
+        for start, window in buckets:
+            totals = per_minute.setdefault(start - start % 60, [0, 0])
+            totals[0] += window.queried
+            totals[1] += window.hit
+        return [
+            {"minute": m, "queried_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else None}
+            for m, (q, h) in sorted(per_minute.items())
+        ]
+
     def shared_stats(self, namespace: Namespace | None = None) -> dict[str, object] | None:
         """Counters of the deployment (or of one namespace) from Redis, the token hit rate over
         the last minute and hour, and, for the deployment, the blocks and bytes stored now.

@@ -5,15 +5,25 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2 import TemplateError
 
 from engine.worker import Engine, TokenDelta
 from proxy.auth import Tenant
 from proxy.config import Settings
 from proxy.errors import OpenAIError
+from proxy.explain import EXPLANATION_FIELD
 from proxy.protocol import ChatCompletionRequest
-from proxy.serving import check_request, complete, generation_request, new_id, now, sse_stream, submit
+from proxy.serving import (
+    check_request,
+    complete,
+    generation_request,
+    new_id,
+    now,
+    sse_stream,
+    start,
+    stream_headers,
+)
 from proxy.state import get_engine, get_settings
 
 router = APIRouter()
@@ -63,7 +73,8 @@ async def chat_completions(
     prompt_ids = render_prompt(engine, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    handle = submit(engine, generation_request(engine, settings, tenant, body, prompt_ids, max_tokens, top))
+    generation = generation_request(engine, settings, tenant, body, prompt_ids, max_tokens, top)
+    started = await start(request, engine, generation)
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
@@ -83,6 +94,8 @@ async def chat_completions(
                 "logprobs": logprobs(tokens),
                 "finish_reason": finish_reason,
             }
+            if body.return_token_ids:
+                choice["token_ids"] = [t.token_id for t in tokens]
             return {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
@@ -91,10 +104,10 @@ async def chat_completions(
                 "choices": [choice],
             }
 
-        stream = sse_stream(handle, chunk, body.include_usage, every_token=body.logprobs)
-        return StreamingResponse(stream, media_type="text/event-stream")
+        stream = sse_stream(started, chunk, body.include_usage, every_token=body.logprobs)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(started))
 
-    result = await complete(handle, request)
+    result = await complete(started, request)
     message = {"role": "assistant", "content": result.text}
     choice = {
         "index": 0,
@@ -104,7 +117,7 @@ async def chat_completions(
     }
     if body.return_token_ids:
         choice["token_ids"] = [t.token_id for t in result.tokens]
-    return {
+    response = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
@@ -112,3 +125,6 @@ async def chat_completions(
         "choices": [choice],
         "usage": result.usage,
     }
+    if started.explanation is not None:
+        response[EXPLANATION_FIELD] = started.explanation
+    return JSONResponse(response, headers=started.headers)

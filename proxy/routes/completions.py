@@ -5,14 +5,24 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.worker import Engine, TokenDelta
 from proxy.auth import Tenant
 from proxy.config import Settings
 from proxy.errors import OpenAIError
+from proxy.explain import EXPLANATION_FIELD
 from proxy.protocol import CompletionRequest
-from proxy.serving import check_request, complete, generation_request, new_id, now, sse_stream, submit
+from proxy.serving import (
+    check_request,
+    complete,
+    generation_request,
+    new_id,
+    now,
+    sse_stream,
+    start,
+    stream_headers,
+)
 from proxy.state import get_engine, get_settings
 
 router = APIRouter()
@@ -58,7 +68,8 @@ async def completions(
     check_request(engine, body)
     top = body.logprobs or 0
     ids = prompt_ids(engine, body)
-    handle = submit(engine, generation_request(engine, settings, tenant, body, ids, body.max_tokens, top))
+    generation = generation_request(engine, settings, tenant, body, ids, body.max_tokens, top)
+    started = await start(request, engine, generation)
     echoed = ""
     if body.echo:
         echoed = body.prompt if isinstance(body.prompt, str) else engine.loaded.tokenizer.decode(ids)
@@ -79,7 +90,10 @@ async def completions(
         }
 
     if body.stream:
-        stream = sse_stream(handle, chunk, body.include_usage, every_token=want_logprobs, first_text=echoed)
-        return StreamingResponse(stream, media_type="text/event-stream")
-    result = await complete(handle, request)
-    return chunk(echoed + result.text, result.tokens, result.finish_reason) | {"usage": result.usage}
+        stream = sse_stream(started, chunk, body.include_usage, every_token=want_logprobs, first_text=echoed)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(started))
+    result = await complete(started, request)
+    response = chunk(echoed + result.text, result.tokens, result.finish_reason) | {"usage": result.usage}
+    if started.explanation is not None:
+        response[EXPLANATION_FIELD] = started.explanation
+    return JSONResponse(response, headers=started.headers)
