@@ -20,7 +20,9 @@ from shared_prefix import QUESTIONS, SYSTEM  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--out", default="docs/dashboard.png")
@@ -37,10 +39,19 @@ def main() -> None:
     )
     chromium = shutil.which("chromium") or "chromium"
     subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--virtual-time-budget=5000", "--window-size=1200,1000", f"--screenshot={args.out}",
-         f"{args.url}/dashboard"],
-        check=True, capture_output=True,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--virtual-time-budget=5000",
+            "--window-size=1200,1000",
+            f"--screenshot={args.out}",
+            f"{args.url}/dashboard",
+        ],
+        check=True,
+        capture_output=True,
     )
     print(f"wrote {args.out}")
 

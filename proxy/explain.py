@@ -18,6 +18,7 @@ from engine.worker import Engine, PrefillDone
 from hashing import BLOCK_SIZE
 from proxy.metrics import cache_kind
 from store.cache import BlockCache
+from store.report import divergence
 
 EXPLAIN_HEADER = "x-kvproxy-explain"
 EXPLANATION_FIELD = "kvproxy_cache_explanation"
@@ -64,7 +65,7 @@ async def explain(
         or reason in ("below one block", "partial last block", "cache unavailable")
     ):
         return out
-    found = await run_in_threadpool(cache.divergence, engine.namespace(tenant), prompt_ids, block)
+    found = await run_in_threadpool(divergence, cache, engine.namespace(tenant), prompt_ids, block)
     if found is not None:
         position, sibling = found
         cached_seq = list(prompt_ids[: block * BLOCK_SIZE]) + sibling

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.worker import Engine, PrefillDone
 from hashing import BLOCK_SIZE
+from store import report
 from store.cache import BlockCache
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -216,15 +217,13 @@ class _EngineAndStoreCollector(Collector):
         ):
             errors.add_metric([operation], value)
         yield errors
-        up = self.cache.health() == "ok"
-        yield GaugeMetricFamily("kvproxy_redis_up", "1 when the Redis index answers", value=1 if up else 0)
-        if up:
-            yield GaugeMetricFamily(
-                "kvproxy_cache_blob_bytes", "Bytes in the blob store", value=self.cache.index.total_bytes()
-            )
-            yield GaugeMetricFamily(
-                "kvproxy_cache_blocks", "Blocks in the cache", value=self.cache.index.num_blocks()
-            )
+        held = report.stored(self.cache)
+        yield GaugeMetricFamily(
+            "kvproxy_redis_up", "1 when the Redis index answers", value=0 if held is None else 1
+        )
+        if held is not None:
+            yield GaugeMetricFamily("kvproxy_cache_blocks", "Blocks in the cache", value=held[0])
+            yield GaugeMetricFamily("kvproxy_cache_blob_bytes", "Bytes in the blob store", value=held[1])
 
 
 class RequestMetrics:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 import redis
 import torch
@@ -23,10 +24,11 @@ from store.breaker import CircuitBreaker
 from store.gc import GcReport, clear, collect
 from store.index import RedisIndex, new_entry, parse_member
 from store.interface import CacheHealth, KVBlock, KVSpec, PrefixMatch
-from store.serde import BlockVerificationError, decode_block, encode_block, read_token_ids
+from store.serde import BlockVerificationError, decode_block, encode_block
 from store.stats import SharedStats
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WARN_EVERY_S = 60.0
 
@@ -174,36 +176,6 @@ class BlockCache:
         self.stats.add(blocks_loaded=len(blocks))
         return PrefixMatch(blocks, miss_reason)
 
-    def divergence(
-        self, namespace: Namespace, token_ids: Sequence[int], block: int
-    ) -> tuple[int, list[int]] | None:
-        """Where ``token_ids`` first differs from a cached sibling of its block ``block``.
-
-        Looks for a stored block with the same parent (so the same tokens before it, in this
-        namespace only) and compares token ids.
-
-        Returns:
-            ``(token position, the sibling's 128 token ids)``, or None when no sibling is stored
-            (or Redis or the blob cannot be read).
-        """
-        prefix = block_hashes(token_ids[: block * BLOCK_SIZE], namespace)
-        parent = prefix[-1] if prefix else None
-        try:
-            siblings = self.index.children(namespace, parent)
-        except redis.RedisError as exc:
-            self._redis_failed("children", exc)
-            return None
-        mine = list(token_ids[block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE])
-        for sibling in siblings:
-            try:
-                theirs = read_token_ids(self.blobs.read(self.blobs.relative_path(namespace, sibling)))
-            except (OSError, BlockVerificationError):
-                continue
-            differs = next((j for j, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
-            if differs is not None:
-                return block * BLOCK_SIZE + differs, theirs
-        return None
-
     def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
         """Remove a block that cannot be served: its index entry, then its blob (so the next save
         writes it afresh)."""
@@ -252,13 +224,17 @@ class BlockCache:
         """Add to the deployment-wide counters in Redis (and the namespace's), in the background."""
         if self.breaker.allow():
             scope = namespace.hex() if namespace is not None else None
-            self._enqueue(lambda: self._redis_call("stats", self.shared.add, scope, counts))
+            self._enqueue(lambda: self.guarded("stats", self.shared.add, scope, counts))
 
-    def _redis_call(self, operation: str, fn: Callable[..., object], *args: object) -> None:
+    def guarded(self, operation: str, fn: Callable[..., T], *args: object) -> T | None:
+        """``fn(*args)``, or None when the breaker is open or Redis fails (which opens it)."""
+        if not self.breaker.allow():
+            return None
         try:
-            fn(*args)
+            return fn(*args)
         except redis.RedisError as exc:
             self._redis_failed(operation, exc)
+            return None
 
     def _write_loop(self) -> None:
         while True:
@@ -360,62 +336,6 @@ class BlockCache:
             redis.RedisError: Redis failed.
         """
         return clear(self.index, self.blobs, namespace_hex)
-
-    def stored(self) -> tuple[int, int] | None:
-        """``(blocks, bytes)`` the whole cache holds now; None when Redis is unreachable."""
-        if not self.breaker.allow():
-            return None
-        try:
-            return self.index.num_blocks(), self.index.total_bytes()
-        except redis.RedisError as exc:
-            self._redis_failed("stats", exc)
-            return None
-
-    def timeline(
-        self, namespace: Namespace | None = None, minutes: int = 60
-    ) -> list[dict[str, object]] | None:
-        """Tokens queried and hit per minute over the last ``minutes``, for the deployment or one
-        namespace; None when Redis is unreachable."""
-        if not self.breaker.allow():
-            return None
-        scope = namespace.hex() if namespace is not None else None
-        try:
-            buckets = self.shared.buckets(scope, minutes * 60)
-        except redis.RedisError as exc:
-            self._redis_failed("stats", exc)
-            return None
-        per_minute: dict[int, list[int]] = {}
-        for start, window in buckets:
-            totals = per_minute.setdefault(start - start % 60, [0, 0])
-            totals[0] += window.queried
-            totals[1] += window.hit
-        return [
-            {"minute": m, "queried_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else None}
-            for m, (q, h) in sorted(per_minute.items())
-        ]
-
-    def shared_stats(self, namespace: Namespace | None = None) -> dict[str, object] | None:
-        """Counters of the deployment (or of one namespace) from Redis, the token hit rate over
-        the last minute and hour, and, for the deployment, the blocks and bytes stored now.
-        None when Redis is unreachable."""
-        if not self.breaker.allow():
-            return None
-        scope = namespace.hex() if namespace is not None else None
-        try:
-            out: dict[str, object] = dict(self.shared.totals(scope))
-            for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
-                window = self.shared.window(scope, seconds)
-                out[label] = {
-                    "queried_tokens": window.queried,
-                    "hit_tokens": window.hit,
-                    "hit_rate": window.hit_rate,
-                }
-            if namespace is None:
-                out |= {"blocks": self.index.num_blocks(), "bytes": self.index.total_bytes()}
-            return out
-        except redis.RedisError as exc:
-            self._redis_failed("stats", exc)
-            return None
 
     # -- health -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from engine.worker import Engine
 from proxy.auth import require_admin
 from proxy.errors import OpenAIError
 from proxy.state import get_cache, get_engine
+from store import report
 from store.cache import BlockCache
 
 router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
@@ -37,7 +38,7 @@ async def cache_stats(
     deployment = None
     if cache is not None:
         process["cache"] = cache.stats.as_dict()
-        deployment = await run_in_threadpool(cache.shared_stats)
+        deployment = await run_in_threadpool(report.shared_stats, cache)
     return {"deployment": deployment, "process": process}
 
 

@@ -22,6 +22,7 @@ from hashing import Namespace
 from proxy.auth import bearer, get_tenant, require_admin
 from proxy.metrics import Metrics
 from proxy.state import get_cache, get_engine, get_settings
+from store import report
 from store.cache import BlockCache
 
 router = APIRouter()
@@ -68,8 +69,8 @@ async def stats(
         "timeline": None,
     }
     if cache is not None:
-        out["deployment"] = await run_in_threadpool(cache.shared_stats, scope)
-        out["timeline"] = await run_in_threadpool(cache.timeline, scope)
+        out["deployment"] = await run_in_threadpool(report.shared_stats, cache, scope)
+        out["timeline"] = await run_in_threadpool(report.timeline, cache, scope)
         if scope is None:
             counts = cache.stats.as_dict()
             out["process"]["evictions"] = {

@@ -22,9 +22,18 @@ def chromium(*args: str, timeout: float = 120) -> str:
         if os.environ.get("CI"):
             pytest.fail("CI needs Chromium for the dashboard test: apt-get install chromium")
         pytest.skip("Chromium is not installed (apt-get install chromium)")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", "--virtual-time-budget=5000"]
-    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=timeout, check=True).stdout
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--virtual-time-budget=5000",
+    ]
+    return subprocess.run(
+        [CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=timeout, check=True
+    ).stdout
 
 
 def test_dashboard_shows_the_stats(settings, tiny_model, serve, tmp_path) -> None:

@@ -35,7 +35,7 @@ def test_metrics_move_by_exactly_the_tokens_in_usage(cached) -> None:
         cached.flush()
         after = scrape(cached)
 
-        def delta(name: str, **labels: str) -> float:
+        def delta(name: str, before=before, after=after, **labels: str) -> float:
             key = (name, tuple(sorted(labels.items())))
             return after.get(key, 0.0) - before.get(key, 0.0)
 
@@ -72,9 +72,16 @@ def test_cache_headers_on_every_response(cached) -> None:
     partial = post(cached, prompt)
     cached.flush()
     hit = post(cached, prompt)
-    seen = [(r.headers["x-kvproxy-cache"], int(r.headers["x-kvproxy-cached-tokens"])) for r in (first, partial, hit)]
+    seen = [
+        (r.headers["x-kvproxy-cache"], int(r.headers["x-kvproxy-cached-tokens"]))
+        for r in (first, partial, hit)
+    ]
     assert seen == [("miss", 0), ("partial", 128), ("hit", 256)]
-    assert [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, partial, hit)] == [0, 128, 256]
+    assert [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, partial, hit)] == [
+        0,
+        128,
+        256,
+    ]
     small = post(cached, prompt[:50])
     assert small.headers["x-kvproxy-cache"] == "miss" and "kvproxy_cache_explanation" not in small.json()
 
@@ -108,10 +115,14 @@ def test_explanations_reasons(cached, redis_client, key_prefix) -> None:
     post(cached, prompt)
     cached.flush()
     explain = {"x-kvproxy-explain": "1"}
-    assert post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]["reason"] == "partial last block"
+    assert (
+        post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]["reason"] == "partial last block"
+    )
     for key in redis_client.scan_iter(match=f"{key_prefix}*:b:*"):
         redis_client.delete(key)  # as if their TTL ran out
-    assert post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]["reason"] == "expired or evicted"
+    assert (
+        post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]["reason"] == "expired or evicted"
+    )
 
 
 def test_stats_add_up_across_processes_and_windows(settings, tiny_model, serve) -> None:
