@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -181,6 +182,100 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
 
     index, blobs = open_store(**flags)
     click.echo(json.dumps({"removed_blocks": clear(index, blobs, namespace)}))
+
+
+@main.command()
+@click.option(
+    "--base-url", default="http://127.0.0.1:8000/v1", show_default=True, help="Any OpenAI-compatible /v1 URL."
+)
+@click.option("--model", default="smollm2-135m-instruct", show_default=True)
+@click.option("--api-key", default="unused", envvar="OPENAI_API_KEY", help="Bearer key [env OPENAI_API_KEY]")
+@click.option(
+    "--workload",
+    "names",
+    multiple=True,
+    default=["all"],
+    show_default=True,
+    type=click.Choice(["all", "shared", "multiturn", "docqa", "control"]),
+)
+@click.option("--prefix-tokens", default="512,1024,2048,4096", show_default=True, help="Shared-prefix sizes.")
+@click.option(
+    "--order", default="all", show_default=True, type=click.Choice(["all", "random", "tile", "interleave"])
+)
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64))
+@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--json", "json_path", default=None, help="Also write the results (every request) as JSON here."
+)
+def bench(
+    base_url: str,
+    model: str,
+    api_key: str,
+    names: tuple[str, ...],
+    prefix_tokens: str,
+    order: str,
+    concurrency: int,
+    max_tokens: int,
+    seed: int,
+    json_path: str | None,
+) -> None:
+    """Measure TTFT, latency, throughput and cache hits of reproducible workloads."""
+    from openai import OpenAI
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from proxy import benchmark
+
+    sizes = [int(n) for n in prefix_tokens.split(",") if n.strip()]
+    chosen = benchmark.workloads(list(names), seed, sizes, order)
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+    summaries = []
+    with Progress(console=Console(stderr=True)) as progress:
+        for workload in chosen:
+            total = sum(len(s.turns) for s in workload.sessions)
+            task = progress.add_task(workload.name, total=total)
+            summaries.append(
+                benchmark.run(
+                    client,
+                    model,
+                    workload,
+                    concurrency=concurrency,
+                    max_tokens=max_tokens,
+                    on_result=lambda _r, t=task: progress.advance(t),
+                )
+            )
+    table = Table(title=f"kvproxy bench: {base_url} (concurrency {concurrency}, seed {seed})")
+    for column in (
+        "workload",
+        "requests",
+        "TTFT p50 s",
+        "TTFT p95 s",
+        "latency p50 s",
+        "latency p95 s",
+        "output tok/s",
+        "prompt tok",
+        "cached tok",
+        "hit rate",
+    ):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+    for s in summaries:
+        table.add_row(
+            s.workload,
+            str(s.requests),
+            f"{s.ttft_p50_s:.3f}",
+            f"{s.ttft_p95_s:.3f}",
+            f"{s.latency_p50_s:.3f}",
+            f"{s.latency_p95_s:.3f}",
+            f"{s.output_tokens_per_s:.1f}",
+            str(s.prompt_tokens),
+            str(s.cached_tokens),
+            f"{s.hit_rate:.1%}",
+        )
+    Console(width=max(160, Console().width)).print(table)
+    if json_path:
+        Path(json_path).write_text(benchmark.to_json(summaries))
 
 
 if __name__ == "__main__":
