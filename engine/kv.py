@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from hashing import BLOCK_SIZE
 from store.interface import KVBlock
@@ -27,13 +28,26 @@ def past_from_blocks(blocks: Sequence[KVBlock], num_tokens: int) -> DynamicCache
         A ``DynamicCache`` of ``num_tokens`` positions (empty when ``num_tokens`` is 0).
     """
     assert 0 <= num_tokens <= BLOCK_SIZE * len(blocks), (num_tokens, len(blocks))
+    past = DynamicCache()
     if num_tokens == 0:
-        return DynamicCache()
-    key = torch.cat([b.key for b in blocks], dim=2)[:, :, :num_tokens]
-    value = torch.cat([b.value for b in blocks], dim=2)[:, :, :num_tokens]
-    return DynamicCache(
-        ddp_cache_data=[(key[i].unsqueeze(0), value[i].unsqueeze(0)) for i in range(key.shape[0])]
-    )
+        return past
+    layers, heads, _, dim = blocks[0].key.shape
+    # NOTE: one copy: every block's K/V goes straight into its place in one tensor per K and V,
+    # and each layer of the cache is a view of it (the model's next update concatenates anyway).
+    key = blocks[0].key.new_empty((layers, 1, heads, num_tokens, dim))
+    value = blocks[0].value.new_empty((layers, 1, heads, num_tokens, dim))
+    for i, block in enumerate(blocks):
+        span = slice(i * BLOCK_SIZE, min((i + 1) * BLOCK_SIZE, num_tokens))
+        if span.start >= span.stop:
+            break
+        key[:, 0, :, span] = block.key[:, :, : span.stop - span.start]
+        value[:, 0, :, span] = block.value[:, :, : span.stop - span.start]
+    for i in range(layers):
+        layer = DynamicLayer()
+        layer.lazy_initialization(key[i], value[i])
+        layer.keys, layer.values = key[i], value[i]
+        past.layers.append(layer)
+    return past
 
 
 def blocks_from_past(
