@@ -86,6 +86,7 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
 
 class Sampler:
@@ -102,7 +103,10 @@ class Sampler:
         self.counts: torch.Tensor | None = None  # [vocab_size] times each token was generated
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """Next token id from ``logits`` ``[vocab_size]`` (penalties applied to a copy)."""
+        """Next token id from ``logits`` ``[vocab_size]`` (bias and penalties applied to a copy)."""
+        if self.params.logit_bias:
+            ids, values = zip(*self.params.logit_bias, strict=True)
+            logits = logits.index_add(0, torch.tensor(ids), torch.tensor(values, dtype=logits.dtype))
         if self.params.presence_penalty or self.params.frequency_penalty:
             if self.counts is None:
                 self.counts = torch.zeros_like(logits)

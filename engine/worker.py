@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -164,7 +164,13 @@ class Engine:
     def __init__(self, loaded: LoadedModel, cache: PrefixCache | None, max_queue: int = 64) -> None:
         self.loaded = loaded
         self.cache = cache
-        self._queue: queue.Queue[tuple[GenerationRequest, RequestHandle] | None] = queue.Queue(max_queue)
+        self.max_queue = max_queue
+        # NOTE: a deque under a condition rather than queue.Queue: a waiting request whose client
+        # left must give its place back at once, not when the worker reaches it.
+        self._waiting: deque[tuple[GenerationRequest, RequestHandle]] = deque()
+        self._ready = threading.Condition()
+        self._running = False
+        self._closing = False
         self._namespaces: dict[str, Namespace] = {}
         self.stats = EngineStats()
         self._thread = threading.Thread(target=self._run, name="kvproxy-engine", daemon=True)
@@ -184,36 +190,54 @@ class Engine:
         """Queue a request; events arrive on the returned handle (on the caller's event loop).
 
         Raises:
-            EngineBusy: the queue is full.
+            EngineBusy: ``max_queue`` requests are already waiting.
         """
         handle = RequestHandle(asyncio.get_running_loop())
-        try:
-            self._queue.put_nowait((request, handle))
-        except queue.Full:
-            raise EngineBusy from None
+        with self._ready:
+            self._drop_cancelled()
+            if len(self._waiting) >= self.max_queue:
+                raise EngineBusy
+            self._waiting.append((request, handle))
+            self._ready.notify()
         return handle
+
+    def _drop_cancelled(self) -> None:
+        for item in [item for item in self._waiting if item[1].cancelled.is_set()]:
+            self._waiting.remove(item)
+            item[1].emit(Finished("cancelled", 0))
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        """Requests waiting (not counting the running one nor those whose client left)."""
+        with self._ready:
+            return sum(1 for _, handle in self._waiting if not handle.cancelled.is_set())
+
+    @property
+    def idle(self) -> bool:
+        """No request running or waiting."""
+        with self._ready:
+            return not self._running and not self._waiting
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Finish the running request, stop the worker, flush pending cache saves."""
-        self._queue.put(None)
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
         self._thread.join(timeout_s)
         if self.cache is not None and not self.cache.flush(timeout_s):
             log.warning("cache saves still pending after %.0f s at shutdown", timeout_s)
 
     # -- the worker ---------------------------------------------------------------------------
 
-    @property
-    def idle(self) -> bool:
-        """No request running or waiting."""
-        return self._queue.unfinished_tasks == 0
-
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            request, handle = item
+        while True:
+            with self._ready:
+                self._running = False
+                self._ready.wait_for(lambda: self._waiting or self._closing)
+                if not self._waiting:
+                    return
+                request, handle = self._waiting.popleft()
+                self._running = True
             try:
                 if handle.cancelled.is_set():
                     handle.emit(Finished("cancelled", 0))
@@ -222,8 +246,6 @@ class Engine:
             except Exception as exc:
                 log.exception("generation failed")
                 handle.emit(Failed(exc))
-            finally:
-                self._queue.task_done()
 
     def prefill_prompt(
         self,

@@ -64,7 +64,7 @@ def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         max_bytes=budget,
         breaker_cooldown_s=settings.redis_retry,
     )
-    log.info("blob store %s: budget %.1f GB (--max-cache-bytes)", settings.blob_root, budget / 1e9)
+    log.info("blob store %s: budget %.1f MB (--max-cache-bytes)", settings.blob_root, budget / 1e6)
     if cache.health() != "ok":
         log.warning(
             "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "

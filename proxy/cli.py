@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import ValidationError
+from pydantic import BeforeValidator, ValidationError
 
 from engine.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
 from proxy.config import Settings
@@ -32,7 +33,10 @@ def settings_options(func: Callable[..., Any]) -> Callable[..., Any]:
         if field.annotation is bool:
             func = click.option(flag, name, is_flag=True, flag_value=True, default=None, help=help_text)(func)
         else:
-            kind = {int: click.INT, float: click.FLOAT}.get(field.annotation, click.STRING)  # type: ignore[call-overload]
+            # NOTE: sizes ("20MB") and other validated fields stay strings for pydantic to parse
+            parsed = any(isinstance(m, BeforeValidator) for m in field.metadata)
+            plain = None if parsed else field.annotation
+            kind = {int: click.INT, float: click.FLOAT}.get(plain, click.STRING)  # type: ignore[call-overload]
             func = click.option(flag, name, type=kind, default=None, help=help_text)(func)
     return func
 
@@ -180,6 +184,8 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
     """Remove every cached block, or one namespace's."""
     from store.gc import clear
 
+    if namespace is not None and not re.fullmatch(r"[0-9a-f]{32}", namespace):
+        raise click.BadParameter("a namespace is 32 lowercase hex digits", param_hint="--namespace")
     index, blobs = open_store(**flags)
     click.echo(json.dumps({"removed_blocks": clear(index, blobs, namespace)}))
 

@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
+
+
+def parse_bytes(value: object) -> object:
+    """``"20MB"``, ``"1.5 GiB"`` or ``"4096"`` as a number of bytes; other values unchanged."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]i?)?b?\s*", value.lower())
+        if match is None:
+            raise ValueError(f"{value!r} is not a size (e.g. 4096, 20MB, 1.5GiB)")
+        return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 
 
 def default_cache_dir() -> Path:
@@ -35,7 +61,7 @@ class Settings(BaseSettings):
     max_ttl: int = Field(
         86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
     )
-    max_cache_bytes: int | None = Field(
+    max_cache_bytes: Bytes | None = Field(
         None, gt=0, description="Byte budget of the blob store (default: half the free disk at start)."
     )
     gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
@@ -46,7 +72,9 @@ class Settings(BaseSettings):
         description="Require Bearer keys on /v1: comma-separated `key` or `key=tenant`, or a file of "
         "one per line. Keys naming the same tenant share its cache; others never share.",
     )
-    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes.")
+    max_body_bytes: Bytes = Field(
+        4 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes."
+    )
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model and KV dtype.")
     device: str = Field("cpu", description="Torch device for the model.")

@@ -59,11 +59,10 @@ async def explain(
         "reason": reason,
         "divergence": None,
     }
-    if (
-        cache is None
-        or block is None
-        or reason in ("below one block", "partial last block", "cache unavailable")
-    ):
+    # NOTE: no divergence for block 0: comparing with an unrelated first block says nothing, and
+    # would show text of other requests to a client that knows none of the prompt.
+    skip = ("below one block", "partial last block", "cache unavailable")
+    if cache is None or not block or reason in skip:
         return out
     found = await run_in_threadpool(divergence, cache, engine.namespace(tenant), prompt_ids, block)
     if found is not None:

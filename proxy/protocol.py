@@ -6,9 +6,13 @@ are accepted and ignored, as chat apps send many.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+# NOTE: strict numbers and booleans: "5" is not a max_tokens and "yes" is not a stream.
+Count = Annotated[StrictInt, Field(ge=1)]
+Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 
 
 class _Lenient(BaseModel):
@@ -50,17 +54,18 @@ class SamplingFields(_Lenient):
     """Fields chat and completions requests share."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
+    max_tokens: Count | None = None
+    temperature: Real | None = Field(None, ge=0, le=2)
+    top_p: Real | None = Field(None, gt=0, le=1)
+    seed: StrictInt | None = None
     stop: str | list[str] | None = Field(None, max_length=4)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: Real | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Real | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[Real, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1)
+    n: StrictInt = Field(1, ge=1)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
         None, description="How long cached prefix blocks are kept: the server TTL, or 24 h (capped)."
     )
@@ -81,6 +86,19 @@ class SamplingFields(_Lenient):
             return "stream_options", "stream_options is only allowed when stream is true"
         return None
 
+    def token_bias(self, vocab_size: int) -> dict[int, float]:
+        """``logit_bias`` with token ids as ints.
+
+        Raises:
+            ValueError: a key is not a token id of the vocabulary.
+        """
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or not 0 <= int(key) < vocab_size:
+                raise ValueError(f"logit_bias key {key!r} is not a token id in [0, {vocab_size})")
+            bias[int(key)] = value
+        return bias
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -92,9 +110,9 @@ class ResponseFormat(_Lenient):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_completion_tokens: Count | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
 
     def unsupported_field(self) -> tuple[str, str] | None:
@@ -122,9 +140,9 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[StrictInt]
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=5)
-    echo: bool = False
+    max_tokens: Count | None = 16
+    logprobs: StrictInt | None = Field(None, ge=0, le=5)
+    echo: StrictBool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
 

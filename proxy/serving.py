@@ -106,6 +106,10 @@ def generation_request(
         )
     else:
         budget = max_tokens
+    try:
+        bias = body.token_bias(engine.loaded.model.config.vocab_size)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="logit_bias") from exc
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
     return GenerationRequest(
@@ -117,6 +121,7 @@ def generation_request(
             seed=body.seed,
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
+            logit_bias=tuple(bias.items()),
         ),
         stop=body.stop_strings(),
         top_logprobs=top_logprobs,

@@ -8,7 +8,10 @@ placed is never modified: a second writer of the same block keeps the first file
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +22,11 @@ from hashing import BlockHash, Namespace
 
 BLOB_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    # O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer.
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 @dataclass(frozen=True)
@@ -79,14 +87,25 @@ class BlobStore:
     def read(self, relative_path: str) -> bytes:
         """The bytes of a blob.
 
+        NOTE: only a regular file is read: a FIFO or device put in a blob's place would block the
+        engine forever, a directory would never heal.
+
         Raises:
-            OSError: the blob is missing or unreadable.
+            OSError: the blob is missing, unreadable or not a regular file.
         """
-        return (self.root / relative_path).read_bytes()
+        path = self.root / relative_path
+        with open(path, "rb", opener=_open_nonblocking) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
+            return f.read()
 
     def delete(self, relative_path: str) -> None:
-        """Remove a blob; a missing one is not an error."""
-        (self.root / relative_path).unlink(missing_ok=True)
+        """Remove a blob (whatever stands in its place); a missing one is not an error."""
+        path = self.root / relative_path
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
     def scan(self) -> Iterator[BlobFile]:
         """Every blob and temporary file under the root (a file vanishing meanwhile is skipped)."""

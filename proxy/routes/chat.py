@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2 import TemplateError
+from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine, TokenDelta
 from proxy.auth import Tenant
@@ -70,7 +71,7 @@ async def chat_completions(
     tenant: Tenant,
 ) -> Any:
     check_request(engine, body)
-    prompt_ids = render_prompt(engine, body)
+    prompt_ids = await run_in_threadpool(render_prompt, engine, body)  # NOTE: big prompts take a while
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
     generation = generation_request(engine, settings, tenant, body, prompt_ids, max_tokens, top)

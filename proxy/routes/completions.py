@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine, TokenDelta
 from proxy.auth import Tenant
@@ -67,7 +68,7 @@ async def completions(
 ) -> Any:
     check_request(engine, body)
     top = body.logprobs or 0
-    ids = prompt_ids(engine, body)
+    ids = await run_in_threadpool(prompt_ids, engine, body)  # NOTE: big prompts take a while
     generation = generation_request(engine, settings, tenant, body, ids, body.max_tokens, top)
     started = await start(request, engine, generation)
     echoed = ""

@@ -94,6 +94,19 @@ def test_sampling_fields(client) -> None:
     assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)  # greedy = the best
 
 
+def test_logit_bias_applies(client) -> None:
+    """+100 on one token makes greedy decoding choose it every time."""
+    reply = client.completions.create(
+        model="tiny",
+        prompt="hello",
+        max_tokens=4,
+        temperature=0,
+        logit_bias={"42": 100},
+        extra_body={"return_token_ids": True},
+    )
+    assert reply.choices[0].model_extra["token_ids"] == [42, 42, 42, 42]
+
+
 def test_stop_strings_are_excluded(client) -> None:
     """The text ends before the first stop string; finish_reason is stop."""
     full = client.completions.create(model="tiny", prompt="The quick brown", max_tokens=20, temperature=0)

@@ -232,3 +232,27 @@ def test_full_queue_answers_503_with_retry_after(settings, default_model, serve)
         waiting.join()
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["type"] == "server_error"
+
+
+def test_a_waiting_client_that_leaves_frees_its_place(settings, default_model, serve):
+    """--max-queue 1: B waits behind a long prefill and gives up; C then gets the place, not a 503."""
+    import time
+
+    with serve(settings.model_copy(update={"max_queue": 1}), default_model) as server:
+        url = f"{server.base_url}{COMPLETIONS}"
+        long = {"model": default_model.name, "prompt": random_tokens(2000, seed=2), "max_tokens": 1}
+        engine = server.app.state.engine
+        running = threading.Thread(target=lambda: httpx.post(url, json=long, timeout=120))
+        running.start()
+        while engine.idle or engine.queue_depth:  # until A runs
+            time.sleep(0.01)
+        try:
+            httpx.post(url, json=long, timeout=0.5)  # B gives up while waiting
+        except httpx.TimeoutException:
+            pass
+        deadline = time.monotonic() + 5
+        while engine.queue_depth and time.monotonic() < deadline:  # B's disconnect is noticed
+            time.sleep(0.05)
+        c = httpx.post(url, json=long | {"prompt": random_tokens(50, seed=3)}, timeout=120)
+        running.join()
+    assert c.status_code == 200
