@@ -3,6 +3,7 @@ wrong answer; the bad entry is removed and counted, and the next request stores 
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,8 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     ),
     "wrong-shape": lambda p: rewrite(p, lambda t: t | {"key": t["key"][:1], "value": t["value"][:1]}),
     "pickle": lambda p: p.write_bytes(pickle.dumps({"key": [0.0] * 16})),
+    "fifo": lambda p: (p.unlink(), os.mkfifo(p)),  # a read would block forever
+    "directory": lambda p: (p.unlink(), p.mkdir()),
 }
 
 
