@@ -162,6 +162,47 @@ CASES = [
         "stop",
         None,
     ),
+    ("stream as a string", CHAT, {"model": "tiny", "messages": USER, "stream": "yes"}, 400, "stream", None),
+    (
+        "max_tokens as a string",
+        CHAT,
+        {"model": "tiny", "messages": USER, "max_tokens": "5"},
+        400,
+        "max_tokens",
+        None,
+    ),
+    (
+        "max_tokens as a bool",
+        CHAT,
+        {"model": "tiny", "messages": USER, "max_tokens": True},
+        400,
+        "max_tokens",
+        None,
+    ),
+    (
+        "temperature NaN",
+        CHAT,
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        400,
+        "temperature",
+        None,
+    ),
+    (
+        "logit_bias not a token",
+        CHAT,
+        {"model": "tiny", "messages": USER, "logit_bias": {"abc": 5}},
+        400,
+        "logit_bias",
+        None,
+    ),
+    (
+        "logit_bias out of range",
+        CHAT,
+        {"model": "tiny", "messages": USER, "logit_bias": {"5": 500}},
+        400,
+        None,
+        None,
+    ),
 ]
 
 
