@@ -125,6 +125,7 @@ class Sampler:
             sorted_probs, order = torch.sort(probs, descending=True)
             # keep the smallest set whose mass reaches top_p (always at least one token)
             drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= self.params.top_p
+            drop[0] = False  # NOTE: a top_p that rounds to 0 in float32 still keeps the best token
             sorted_probs[drop] = 0.0
             probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=self.generator))
