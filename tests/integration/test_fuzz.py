@@ -30,6 +30,8 @@ def test_schemathesis_finds_no_server_error(settings, tiny_model, serve, capsys)
                 "not_a_server_error",
                 "--max-examples",
                 "60",
+                "--seed",
+                "20261129",
                 "-H",
                 "Authorization: Bearer k",
             ],
