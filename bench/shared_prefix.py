@@ -14,9 +14,10 @@ import difflib
 import heapq
 import inspect
 import subprocess
-import time
 
 from openai import OpenAI
+
+from proxy.benchmark import stream_chat
 
 SYSTEM = "\n\n".join(inspect.getdoc(m) for m in (argparse, difflib, subprocess, heapq))
 QUESTIONS = ["Summarize the first module in one sentence.", "Which class compares sequences?"]
@@ -24,23 +25,9 @@ QUESTIONS = ["Summarize the first module in one sentence.", "Which class compare
 
 def ask(client: OpenAI, model: str, question: str, max_tokens: int) -> tuple[float, int, int, str]:
     """Stream one request: (TTFT seconds, prompt tokens, cached tokens, completion text)."""
-    start = time.perf_counter()
-    stream = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-        temperature=0,
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    ttft, parts, usage = None, [], None
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            ttft = ttft if ttft is not None else time.perf_counter() - start
-            parts.append(chunk.choices[0].delta.content)
-        usage = chunk.usage or usage
-    assert usage is not None and ttft is not None
-    return ttft, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, "".join(parts)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    result, text = stream_chat(client, model, messages, max_tokens)
+    return result.ttft_s, result.prompt_tokens, result.cached_tokens, text
 
 
 def main() -> None:

@@ -178,7 +178,10 @@ class Summary:
     results: list[Result] = field(default_factory=list)
 
 
-def _ask(client: Any, model: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[Result, str]:
+def stream_chat(
+    client: Any, model: str, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[Result, str]:
+    """One greedy streamed chat request, measured; returns its ``Result`` and its text."""
     start = time.perf_counter()
     stream = client.chat.completions.create(
         model=model,
@@ -224,7 +227,7 @@ def run(
                 if s.chat
                 else messages[:1] + [{"role": "user", "content": turn}]
             )
-            result, answer = _ask(client, model, messages, max_tokens)
+            result, answer = stream_chat(client, model, messages, max_tokens)
             if s.chat:
                 messages.append({"role": "assistant", "content": answer})
             on_result(result)
