@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.generate import SamplingParams
 from engine.worker import (
@@ -25,7 +26,14 @@ from engine.worker import (
 )
 from proxy.config import Settings
 from proxy.errors import OpenAIError
-from proxy.explain import EXPLAIN_HEADER, cache_headers, explain, explanation_header, first_miss
+from proxy.explain import (
+    EXPLAIN_HEADER,
+    EXPLANATION_FIELD,
+    cache_headers,
+    explain,
+    explanation_header,
+    first_miss,
+)
 from proxy.protocol import SamplingFields, usage
 
 DISCONNECT_POLL_S = 0.2
@@ -182,11 +190,19 @@ async def start(request: Request, engine: Engine, generation: GenerationRequest)
     return Started(handle, event, cache_headers(event), explanation)
 
 
-def stream_headers(started: Started) -> dict[str, str]:
-    """Headers of a streamed response: the cache outcome, and the explanation when asked."""
-    if started.explanation is None:
-        return started.headers
-    return started.headers | {EXPLAIN_HEADER: explanation_header(started.explanation)}
+def json_response(started: Started, body: dict[str, Any]) -> JSONResponse:
+    """A finished completion: the cache headers, and the explanation in the body when asked."""
+    if started.explanation is not None:
+        body[EXPLANATION_FIELD] = started.explanation
+    return JSONResponse(body, headers=started.headers)
+
+
+def event_stream(started: Started, events: AsyncIterator[str]) -> StreamingResponse:
+    """A streamed completion: the cache headers, and the explanation as a header when asked."""
+    headers = started.headers
+    if started.explanation is not None:
+        headers = headers | {EXPLAIN_HEADER: explanation_header(started.explanation)}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
 async def complete(started: Started, request: Request) -> Completion:

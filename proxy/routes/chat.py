@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2 import TemplateError
 from starlette.concurrency import run_in_threadpool
 
@@ -13,17 +12,17 @@ from engine.worker import Engine, TokenDelta
 from proxy.auth import Tenant
 from proxy.config import Settings
 from proxy.errors import OpenAIError
-from proxy.explain import EXPLANATION_FIELD
 from proxy.protocol import ChatCompletionRequest
 from proxy.serving import (
     check_request,
     complete,
+    event_stream,
     generation_request,
+    json_response,
     new_id,
     now,
     sse_stream,
     start,
-    stream_headers,
 )
 from proxy.state import get_engine, get_settings
 
@@ -106,7 +105,7 @@ async def chat_completions(
             }
 
         stream = sse_stream(started, chunk, body.include_usage, every_token=body.logprobs)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(started))
+        return event_stream(started, stream)
 
     result = await complete(started, request)
     message = {"role": "assistant", "content": result.text}
@@ -126,6 +125,4 @@ async def chat_completions(
         "choices": [choice],
         "usage": result.usage,
     }
-    if started.explanation is not None:
-        response[EXPLANATION_FIELD] = started.explanation
-    return JSONResponse(response, headers=started.headers)
+    return json_response(started, response)

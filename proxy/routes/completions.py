@@ -5,24 +5,23 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine, TokenDelta
 from proxy.auth import Tenant
 from proxy.config import Settings
 from proxy.errors import OpenAIError
-from proxy.explain import EXPLANATION_FIELD
 from proxy.protocol import CompletionRequest
 from proxy.serving import (
     check_request,
     complete,
+    event_stream,
     generation_request,
+    json_response,
     new_id,
     now,
     sse_stream,
     start,
-    stream_headers,
 )
 from proxy.state import get_engine, get_settings
 
@@ -92,9 +91,7 @@ async def completions(
 
     if body.stream:
         stream = sse_stream(started, chunk, body.include_usage, every_token=want_logprobs, first_text=echoed)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(started))
+        return event_stream(started, stream)
     result = await complete(started, request)
     response = chunk(echoed + result.text, result.tokens, result.finish_reason) | {"usage": result.usage}
-    if started.explanation is not None:
-        response[EXPLANATION_FIELD] = started.explanation
-    return JSONResponse(response, headers=started.headers)
+    return json_response(started, response)
