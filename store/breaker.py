@@ -22,10 +22,6 @@ class CircuitBreaker:
         """Whether a call may try Redis now."""
         return time.monotonic() >= self._open_until
 
-    @property
-    def is_open(self) -> bool:
-        return self._open_until > 0.0
-
     def failure(self) -> bool:
         """Record a failure; returns True when this opened a closed breaker (log it once)."""
         with self._lock:
