@@ -6,7 +6,7 @@ Positions are the single source of truth: the token at absolute position p is fe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,26 @@ class Cancelled(Exception):
 
 
 @torch.inference_mode()
+def prefill_chunks(
+    model: Any, suffix_ids: Sequence[int], past: DynamicCache, start_pos: int
+) -> Iterator[torch.Tensor]:
+    """Feed ``suffix_ids`` at positions ``start_pos ..`` on top of ``past`` (grown in place), one
+    chunk of ``PREFILL_CHUNK_TOKENS`` per iteration.
+
+    Args:
+        suffix_ids: at least one token id.
+        past: K/V of positions ``[0, start_pos)``.
+
+    Yields:
+        After each chunk, the logits of its last position, ``[vocab_size]`` float32; the last
+        yield is the prompt's next-token distribution.
+    """
+    assert len(suffix_ids) > 0 and past.get_seq_length() == start_pos
+    for offset in range(0, len(suffix_ids), PREFILL_CHUNK_TOKENS):
+        chunk = suffix_ids[offset : offset + PREFILL_CHUNK_TOKENS]
+        yield _forward(model, chunk, past, start_pos + offset)
+
+
 def prefill(
     model: Any,
     suffix_ids: Sequence[int],
@@ -30,25 +50,16 @@ def prefill(
     start_pos: int,
     is_cancelled: Callable[[], bool] = lambda: False,
 ) -> torch.Tensor:
-    """Feed ``suffix_ids`` at positions ``start_pos ..`` on top of ``past`` (grown in place).
-
-    Args:
-        suffix_ids: at least one token id.
-        past: K/V of positions ``[0, start_pos)``.
-
-    Returns:
-        Logits of the last position, ``[vocab_size]`` float32.
+    """``prefill_chunks`` to the end: the logits ``[vocab_size]`` of the last prompt position.
 
     Raises:
         Cancelled: ``is_cancelled()`` turned true between chunks.
     """
-    assert len(suffix_ids) > 0 and past.get_seq_length() == start_pos
     logits = None
-    for offset in range(0, len(suffix_ids), PREFILL_CHUNK_TOKENS):
-        if is_cancelled():
+    for chunk_logits in prefill_chunks(model, suffix_ids, past, start_pos):
+        if is_cancelled():  # NOTE: also after the last chunk: a client that left gets nothing
             raise Cancelled
-        chunk = suffix_ids[offset : offset + PREFILL_CHUNK_TOKENS]
-        logits = _forward(model, chunk, past, start_pos + offset)
+        logits = chunk_logits
     assert logits is not None
     return logits
 

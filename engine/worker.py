@@ -1,5 +1,11 @@
 """The request worker: one thread that runs model compute, fed by a bounded queue.
 
+Scheduling (continuous batching): up to ``max_batch`` requests run at once. Each turn of the
+worker computes one prefill chunk of the request being prefilled (one at a time, in arrival
+order) and then one decode step for every request past its prefill, all in one batched forward
+pass. A long prompt therefore never stalls the others' streams for more than one chunk, and
+concurrent decodes share each read of the weights.
+
 Ranges of one request (n prompt tokens, k leading blocks cached and verified, g generated)::
 
     prompt_ids                                                  generated
@@ -20,15 +26,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from transformers import DynamicCache
 
-from engine.generate import Cancelled, Sampler, SamplingParams, decode_step, prefill
-from engine.kv import blocks_from_past, past_from_blocks
+from engine.batch import decode_batch, use_batched_attention
+from engine.generate import Sampler, SamplingParams, decode_step, prefill, prefill_chunks
+from engine.kv import BufferPool, blocks_from_past, past_from_blocks
 from engine.loading import LoadedModel
 from engine.text import TextStream
 from hashing import BLOCK_SIZE, Namespace, namespace_digest
@@ -108,13 +115,15 @@ Event = PrefillDone | TokenDelta | Finished | Failed
 @dataclass
 class EngineStats:
     """Token counters of this engine: every fed token is counted once, so prefill_tokens +
-    decode_tokens is exactly what the model computed."""
+    decode_tokens is exactly what the model computed; decode_tokens / decode_steps is the mean
+    decode batch size."""
 
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    decode_steps: int = 0
 
 
 @dataclass
@@ -152,24 +161,58 @@ class RequestHandle:
                 return
 
 
+@dataclass
+class _Sequence:
+    """One request inside the worker, from its first prefill chunk to its last token."""
+
+    request: GenerationRequest
+    emit: Callable[[Event], None]
+    is_cancelled: Callable[[], bool]
+    sampler: Sampler
+    text: TextStream
+    started: float = field(default_factory=time.perf_counter)
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    result: PrefillResult | None = None
+    chunks: Iterator[torch.Tensor] = field(default_factory=lambda: iter(()))
+    generated: list[int] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.request.prompt_ids)
+
+
 class Engine:
-    """Runs requests one at a time on a worker thread, through an optional prefix cache.
+    """Runs requests on a worker thread, through an optional prefix cache, batching decodes.
 
     Args:
-        loaded: the model.
+        loaded: the model (switched to the batched attention of ``engine.batch``).
         cache: the prefix cache, or None to serve uncached (``--no-cache``).
-        max_queue: requests waiting beyond the running one; more raise ``EngineBusy``.
+        max_queue: requests waiting beyond the running ones; more raise ``EngineBusy``.
+        max_batch: most requests running at once (decoding together, or being prefilled).
     """
 
-    def __init__(self, loaded: LoadedModel, cache: PrefixCache | None, max_queue: int = 64) -> None:
+    def __init__(
+        self, loaded: LoadedModel, cache: PrefixCache | None, max_queue: int = 64, max_batch: int = 4
+    ) -> None:
         self.loaded = loaded
         self.cache = cache
         self.max_queue = max_queue
+        self.max_batch = max_batch
+        use_batched_attention(loaded.model)
+        spec = loaded.kv_spec
+        like = torch.empty(
+            (spec.num_layers, spec.num_kv_heads, 0, spec.head_dim),
+            dtype=spec.torch_dtype,
+            device=next(loaded.model.parameters()).device,
+        )
+        self.buffers = BufferPool(like, keep=max_batch + 1)
         # NOTE: a deque under a condition rather than queue.Queue: a waiting request whose client
         # left must give its place back at once, not when the worker reaches it.
         self._waiting: deque[tuple[GenerationRequest, RequestHandle]] = deque()
         self._ready = threading.Condition()
-        self._running = False
+        self._prefilling: _Sequence | None = None
+        self._decoding: list[_Sequence] = []
         self._closing = False
         self._namespaces: dict[str, Namespace] = {}
         self.stats = EngineStats()
@@ -208,18 +251,24 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting (not counting the running one nor those whose client left)."""
+        """Requests waiting (not counting running ones nor those whose client left)."""
         with self._ready:
             return sum(1 for _, handle in self._waiting if not handle.cancelled.is_set())
+
+    @property
+    def running(self) -> int:
+        """Requests being prefilled or decoded."""
+        with self._ready:
+            return len(self._decoding) + (self._prefilling is not None)
 
     @property
     def idle(self) -> bool:
         """No request running or waiting."""
         with self._ready:
-            return not self._running and not self._waiting
+            return self._prefilling is None and not self._decoding and not self._waiting
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Finish the running request, stop the worker, flush pending cache saves."""
+        """Finish the running requests, stop the worker, flush pending cache saves."""
         with self._ready:
             self._closing = True
             self._ready.notify()
@@ -232,42 +281,154 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._ready:
-                self._running = False
-                self._ready.wait_for(lambda: self._waiting or self._closing)
-                if not self._waiting:
-                    return
-                request, handle = self._waiting.popleft()
-                self._running = True
-            try:
-                if handle.cancelled.is_set():
-                    handle.emit(Finished("cancelled", 0))
-                else:
-                    self.generate(request, handle.emit, handle.cancelled.is_set)
-            except Exception as exc:
-                log.exception("generation failed")
-                handle.emit(Failed(exc))
+                self._drop_cancelled()
+                admitted = None
+                if self._prefilling is None and self._waiting and len(self._decoding) < self.max_batch:
+                    request, handle = self._waiting.popleft()
+                    admitted = self._sequence(request, handle.emit, handle.cancelled.is_set)
+                    self._prefilling = admitted
+                elif self._prefilling is None and not self._decoding:
+                    if self._closing and not self._waiting:
+                        return
+                    self._ready.wait()
+                    continue
+            prefilling = self._prefilling
+            if prefilling is not None and self._step([prefilling], self._prefill_step, admitted):
+                with self._ready:
+                    self._prefilling = None
+                    if not prefilling.done:
+                        self._decoding.append(prefilling)
+            if self._decoding and self._step(self._decoding, self._decode_step):
+                with self._ready:
+                    self._decoding = [s for s in self._decoding if not s.done]
 
-    def prefill_prompt(
+    def _step(
+        self, sequences: list[_Sequence], step: Callable[..., bool], admitted: _Sequence | None = None
+    ) -> bool:
+        """Run ``step(*sequences)`` (after ``_begin`` for a just admitted sequence); a failure
+        ends every one of them with ``Failed``. Returns what the step returned (True on failure)."""
+        try:
+            if admitted is not None:
+                self._begin(admitted)
+            return step(*sequences)
+        except Exception as exc:
+            log.exception("generation failed")
+            for seq in sequences:
+                self._release(seq)
+                seq.emit(Failed(exc))
+            return True
+
+    def _sequence(
+        self, request: GenerationRequest, emit: Callable[[Event], None], is_cancelled: Callable[[], bool]
+    ) -> _Sequence:
+        text = TextStream(self.loaded.tokenizer, request.stop)
+        return _Sequence(request, emit, is_cancelled, Sampler(request.sampling), text)
+
+    def _begin(self, seq: _Sequence) -> None:
+        """Load the longest cached prefix of the prompt into the sequence's past."""
+        request = seq.request
+        seq.buffers = self.buffers.acquire(seq.n + request.max_tokens)
+        namespace = self.namespace(request.tenant)
+        seq.result = self._load_prefix(namespace, request.prompt_ids, seq.buffers, request.cache_ttl_s)
+        reused = seq.result.cached_tokens
+        seq.chunks = prefill_chunks(self.loaded.model, request.prompt_ids[reused:], seq.result.past, reused)
+
+    def _load_prefix(
         self,
         namespace: Namespace,
         prompt_ids: tuple[int, ...],
-        is_cancelled: Callable[[], bool],
-        cache_ttl_s: int | None = None,
+        buffers: tuple[torch.Tensor, torch.Tensor],
+        cache_ttl_s: int | None,
     ) -> PrefillResult:
-        """Load the longest cached prefix of ``prompt_ids`` and prefill the rest.
-
-        Raises:
-            Cancelled: the request was cancelled between prefill chunks.
-        """
         n = len(prompt_ids)
         match = PrefixMatch([], "cache disabled")
         if self.cache is not None:
             match = self.cache.lookup(namespace, prompt_ids, n // BLOCK_SIZE, cache_ttl_s)
         reused = min(match.num_tokens, n - 1)
-        past = past_from_blocks(match.blocks, reused)
-        logits = prefill(self.loaded.model, prompt_ids[reused:], past, reused, is_cancelled)
-        self.stats.prefill_tokens += n - reused
-        return PrefillResult(logits, past, reused, match.num_blocks, match.miss_reason)
+        past = past_from_blocks(match.blocks, reused, buffers)
+        return PrefillResult(torch.empty(0), past, reused, match.num_blocks, match.miss_reason)
+
+    def _prefill_step(self, seq: _Sequence) -> bool:
+        """One prefill chunk; at the end of the prompt, the first token. True when the prefill is
+        over (the sequence then decodes unless it is ``done``)."""
+        assert seq.result is not None
+        if seq.is_cancelled():
+            self._end(seq, "cancelled")
+            return True
+        seq.result.logits = next(seq.chunks)
+        if seq.result.past.get_seq_length() < seq.n:
+            return False
+        result, n = seq.result, seq.n
+        elapsed = time.perf_counter() - seq.started
+        seq.emit(PrefillDone(n, result.cached_tokens, elapsed, result.cached_blocks, result.miss_reason))
+        self.stats.requests += 1
+        self.stats.prompt_tokens += n
+        self.stats.cached_tokens += result.cached_tokens
+        self.stats.prefill_tokens += n - result.cached_tokens
+        reason = self._next_token(seq, result.logits)
+        # NOTE: saved after the first token is out, so storing never delays time to first token
+        self._save(seq.request, seq.request.prompt_ids, result.cached_blocks, result.past, n // BLOCK_SIZE)
+        if reason is not None:
+            self._end(seq, reason)
+        return True
+
+    def _decode_step(self, *sequences: _Sequence) -> bool:
+        """Feed every sequence's last token in one forward pass and sample the next ones. True
+        when some sequence ended."""
+        for seq in sequences:
+            if seq.is_cancelled():
+                self._end(seq, "cancelled")
+        running = [seq for seq in sequences if not seq.done]
+        if running:
+            model = self.loaded.model
+            pasts = [seq.result.past for seq in running if seq.result is not None]
+            tokens = [seq.generated[-1] for seq in running]
+            positions = [seq.n + len(seq.generated) - 1 for seq in running]
+            if len(running) == 1:
+                logits = decode_step(model, tokens[0], pasts[0], positions[0]).unsqueeze(0)
+            else:
+                logits = decode_batch(model, tokens, pasts, positions)
+            self.stats.decode_tokens += len(running)
+            self.stats.decode_steps += 1
+            for seq, row in zip(running, logits, strict=True):
+                reason = self._next_token(seq, row)
+                if reason is not None:
+                    self._end(seq, reason)
+        return any(seq.done for seq in sequences)
+
+    def _next_token(self, seq: _Sequence, logits: torch.Tensor) -> FinishReason | None:
+        """Sample and emit the next token; the finish reason when the sequence ends with it."""
+        if seq.is_cancelled():
+            return "cancelled"
+        token = seq.sampler(logits)
+        seq.generated.append(token)
+        if token in self.loaded.eos_token_ids:
+            return "stop"
+        seq.emit(TokenDelta(token, seq.text.push(token), *_logprobs(logits, token, seq.request.top_logprobs)))
+        if seq.text.stopped:
+            return "stop"
+        return "length" if len(seq.generated) >= seq.request.max_tokens else None
+
+    def _end(self, seq: _Sequence, reason: FinishReason) -> None:
+        """Emit ``Finished``; store the blocks the completion completed (not for a cancelled one)."""
+        if reason == "cancelled":
+            seq.emit(Finished("cancelled", len(seq.generated)))
+        else:
+            assert seq.result is not None
+            seq.emit(Finished(reason, len(seq.generated), seq.text.finish()))
+            n = seq.n
+            fed = seq.result.past.get_seq_length()  # prompt + every generated token but the last
+            sequence = seq.request.prompt_ids + tuple(seq.generated)
+            self._save(seq.request, sequence, n // BLOCK_SIZE, seq.result.past, fed // BLOCK_SIZE)
+        self._release(seq)
+
+    def _release(self, seq: _Sequence) -> None:
+        seq.done = True
+        if seq.buffers is not None:
+            self.buffers.release(seq.buffers)
+            seq.buffers = None
+
+    # -- one request on the caller's thread (tests, tools) --------------------------------------
 
     def generate(
         self,
@@ -276,52 +437,32 @@ class Engine:
         is_cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         """Compute one request on this thread, emitting ``PrefillDone``, ``TokenDelta``s and
-        ``Finished``."""
-        namespace = self.namespace(request.tenant)
-        prompt = request.prompt_ids
-        n = len(prompt)
-        start = time.perf_counter()
-        try:
-            result = self.prefill_prompt(namespace, prompt, is_cancelled, request.cache_ttl_s)
-        except Cancelled:
-            emit(Finished("cancelled", 0))
-            return
-        emit(
-            PrefillDone(
-                n, result.cached_tokens, time.perf_counter() - start, result.cached_blocks, result.miss_reason
-            )
-        )
-        self.stats.requests += 1
-        self.stats.prompt_tokens += n
-        self.stats.cached_tokens += result.cached_tokens
-        self._save(request, prompt, result.cached_blocks, result.past, n // BLOCK_SIZE)
+        ``Finished`` (the events the worker emits for a request running alone)."""
+        seq = self._sequence(request, emit, is_cancelled)
+        self._begin(seq)
+        while not self._prefill_step(seq):
+            pass
+        while not seq.done:
+            self._decode_step(seq)
 
-        sampler = Sampler(request.sampling)
-        text = TextStream(self.loaded.tokenizer, request.stop)
-        generated: list[int] = []
-        logits = result.logits
-        reason: FinishReason = "length"
-        while len(generated) < request.max_tokens:
-            if is_cancelled():
-                emit(Finished("cancelled", len(generated)))
-                return
-            token = sampler(logits)
-            generated.append(token)
-            if token in self.loaded.eos_token_ids:
-                reason = "stop"
-                break
-            emit(TokenDelta(token, text.push(token), *_logprobs(logits, token, request.top_logprobs)))
-            if text.stopped:
-                reason = "stop"
-                break
-            if len(generated) < request.max_tokens:
-                logits = decode_step(self.loaded.model, token, result.past, n + len(generated) - 1)
-                self.stats.decode_tokens += 1
-        emit(Finished(reason, len(generated), text.finish()))
+    def prefill_prompt(
+        self,
+        namespace: Namespace,
+        prompt_ids: tuple[int, ...],
+        is_cancelled: Callable[[], bool],
+        cache_ttl_s: int | None = None,
+    ) -> PrefillResult:
+        """Load the longest cached prefix of ``prompt_ids`` and prefill the rest (nothing is
+        stored); the caller owns the returned past.
 
-        sequence = prompt + tuple(generated)
-        fed = result.past.get_seq_length()  # prompt + every generated token but the last
-        self._save(request, sequence, n // BLOCK_SIZE, result.past, fed // BLOCK_SIZE)
+        Raises:
+            Cancelled: the request was cancelled between prefill chunks.
+        """
+        buffers = self.buffers.acquire(len(prompt_ids))
+        result = self._load_prefix(namespace, prompt_ids, buffers, cache_ttl_s)
+        reused = result.cached_tokens
+        result.logits = prefill(self.loaded.model, prompt_ids[reused:], result.past, reused, is_cancelled)
+        return result
 
     def _save(
         self,

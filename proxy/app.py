@@ -63,8 +63,14 @@ def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         ttl_s=settings.ttl,
         max_bytes=budget,
         breaker_cooldown_s=settings.redis_retry,
+        ram_bytes=settings.ram_cache_bytes,
     )
-    log.info("blob store %s: budget %.1f MB (--max-cache-bytes)", settings.blob_root, budget / 1e6)
+    log.info(
+        "blob store %s: budget %.1f MB (--max-cache-bytes); RAM tier %.1f MB (--ram-cache-bytes)",
+        settings.blob_root,
+        budget / 1e6,
+        settings.ram_cache_bytes / 1e6,
+    )
     if cache.health() != "ok":
         log.warning(
             "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "
@@ -121,7 +127,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         collector = None
         if block_cache is not None:
             collector = GarbageCollector(block_cache, settings.gc_interval, settings.gc_grace)
-        engine = Engine(model, block_cache, settings.max_queue)
+        engine = Engine(model, block_cache, settings.max_queue, settings.max_batch)
         app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
         app.state.metrics = Metrics(engine, block_cache)
         log.info("serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_root)

@@ -86,6 +86,12 @@ class Settings(BaseSettings):
         2048, ge=1, description="Completion length when a request sets no max_tokens (tokens)."
     )
     max_queue: int = Field(64, ge=1, description="Requests that may wait for the engine.")
+    max_batch: int = Field(
+        4, ge=1, description="Requests running at once; their decode steps share one forward pass."
+    )
+    ram_cache_bytes: Bytes = Field(
+        1024**3, ge=0, description="Byte budget of the in-process RAM tier of hot blocks (0: none)."
+    )
 
     @property
     def blob_root(self) -> Path:

@@ -187,6 +187,9 @@ class _EngineAndStoreCollector(Collector):
         yield GaugeMetricFamily(
             "kvproxy_engine_queue_depth", "Requests waiting for the engine", value=self.engine.queue_depth
         )
+        yield GaugeMetricFamily(
+            "kvproxy_engine_running", "Requests being prefilled or decoded", value=self.engine.running
+        )
         if self.cache is None:
             return
         s = self.cache.stats
@@ -195,6 +198,12 @@ class _EngineAndStoreCollector(Collector):
         )
         yield CounterMetricFamily(
             "kvproxy_cache_blocks_loaded", "Blocks loaded and verified", value=s.blocks_loaded
+        )
+        yield CounterMetricFamily(
+            "kvproxy_cache_ram_tier_hits", "Blocks served from the RAM tier", value=s.blocks_from_ram
+        )
+        yield GaugeMetricFamily(
+            "kvproxy_cache_ram_tier_bytes", "K/V bytes held in the RAM tier", value=self.cache.ram.used_bytes
         )
         evicted = CounterMetricFamily(
             "kvproxy_cache_blocks_evicted", "Blocks removed, by reason", labels=["reason"]

@@ -1,8 +1,9 @@
 """``BlockCache``: the facade that matches, loads, verifies, saves, evicts and collects blocks.
 
-It composes the Redis index (metadata, TTLs, LRU order, sizes), the blob store (tensors on disk)
-and the serde (verification). Every fault of those parts becomes a cache miss or a skipped save,
-counted and logged, never an exception for the caller.
+It composes the Redis index (metadata, TTLs, LRU order, sizes), the RAM tier (hot blocks in
+process memory), the blob store (tensors on disk) and the serde (verification). Every fault of
+those parts becomes a cache miss or a skipped save, counted and logged, never an exception for
+the caller.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from store.breaker import CircuitBreaker
 from store.gc import GcReport, clear, collect
 from store.index import RedisIndex, new_entry, parse_member
 from store.interface import CacheHealth, KVBlock, KVSpec, PrefixMatch
+from store.ram import RamTier
 from store.serde import BlockVerificationError, decode_block, encode_block
 from store.stats import SharedStats
 
@@ -40,6 +42,7 @@ class CacheStats:
     lookups: int = 0
     blocks_matched: int = 0
     blocks_loaded: int = 0
+    blocks_from_ram: int = 0
     verification_failures: int = 0
     blocks_saved: int = 0
     save_errors: int = 0
@@ -85,6 +88,7 @@ class BlockCache:
         breaker_cooldown_s: how long to skip Redis after it failed.
         max_pending_saves: bound of the background save queue (jobs); beyond it saves are dropped
             and counted, so a slow disk never holds tensors without limit.
+        ram_bytes: budget in bytes of the RAM tier of recently used blocks (0: no RAM tier).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class BlockCache:
         max_bytes: int | None = None,
         breaker_cooldown_s: float = 5.0,
         max_pending_saves: int = 64,
+        ram_bytes: int = 0,
     ) -> None:
         self.index = index
         self.shared = SharedStats(index.client, index.key_prefix)
@@ -105,6 +110,7 @@ class BlockCache:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.stats = CacheStats()
+        self.ram = RamTier(ram_bytes)
         self.breaker = CircuitBreaker(breaker_cooldown_s)
         self._last_warning: dict[str, float] = {}
         # NOTE: one background thread does every write (blobs, index entries, shared counters), so
@@ -149,8 +155,15 @@ class BlockCache:
         miss_reason = None if len(entries) == len(hashes) else "expired or evicted" if seen else "never seen"
 
         blocks: list[KVBlock] = []
+        from_ram = 0
         for i in range(len(entries)):
             block_hash = hashes[i]
+            ids = tuple(token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
+            block = self.ram.get(namespace, block_hash)
+            if block is not None and block.token_ids == ids:
+                blocks.append(block)
+                from_ram += 1
+                continue
             try:
                 # NOTE: the path comes from our own hash, never from the index entry, and the
                 # blob is verified against our own tokens: a wrong reply can only cause a miss.
@@ -161,7 +174,7 @@ class BlockCache:
                     block_hash=block_hash,
                     parent=hashes[i - 1] if i else None,
                     namespace=namespace,
-                    token_ids=token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE],
+                    token_ids=ids,
                     spec=self.spec,
                 )
             except (OSError, BlockVerificationError) as exc:
@@ -172,13 +185,15 @@ class BlockCache:
                 self._discard(namespace, block_hash)
                 miss_reason = "failed verification"
                 break
+            self.ram.put(namespace, block)
             blocks.append(block)
-        self.stats.add(blocks_loaded=len(blocks))
+        self.stats.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
         return PrefixMatch(blocks, miss_reason)
 
     def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
         """Remove a block that cannot be served: its index entry, then its blob (so the next save
         writes it afresh)."""
+        self.ram.drop(namespace, block_hash)
         try:
             self.index.drop(namespace, block_hash)
         except redis.RedisError as exc:
@@ -260,16 +275,17 @@ class BlockCache:
             self._redis_failed("exists", exc)
             return
         for i, needed in zip(wanted, missing, strict=True):
-            if not needed:
-                continue
             span = slice((i - job.first_block) * BLOCK_SIZE, (i - job.first_block + 1) * BLOCK_SIZE)
             block = KVBlock(
                 index=i,
                 block_hash=hashes[i],
                 token_ids=job.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE],
-                key=job.key[:, :, span],
-                value=job.value[:, :, span],
+                key=job.key[:, :, span].contiguous(),
+                value=job.value[:, :, span].contiguous(),
             )
+            if not needed:
+                self.ram.put(job.namespace, block)
+                continue
             parent = hashes[i - 1] if i else None
             path = self.blobs.relative_path(job.namespace, hashes[i])
             data = encode_block(block, job.namespace, parent, self.spec)
@@ -290,6 +306,7 @@ class BlockCache:
             except redis.RedisError as exc:
                 self._redis_failed("publish", exc)
                 return
+            self.ram.put(job.namespace, block)
             self.stats.add(blocks_saved=1)
             self._share(job.namespace, blocks_saved=1)
             if total is not None and self.max_bytes is not None and total > self.max_bytes:
@@ -303,7 +320,9 @@ class BlockCache:
             self._redis_failed("evict", exc)
             return
         for member in evicted:
-            self.blobs.delete(self.blobs.relative_path(*parse_member(member)))
+            namespace, block_hash = parse_member(member)
+            self.ram.drop(namespace, block_hash)
+            self.blobs.delete(self.blobs.relative_path(namespace, block_hash))
         self.stats.add(evicted_budget=len(evicted))
         self._share(None, evicted_budget=len(evicted))
 
@@ -335,6 +354,7 @@ class BlockCache:
         Raises:
             redis.RedisError: Redis failed.
         """
+        self.ram.clear(namespace_hex)
         return clear(self.index, self.blobs, namespace_hex)
 
     # -- health -------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ from tests.integration.conftest import random_tokens
 PROMPT = random_tokens(4 * 128 + 10, seed=11)
 
 
+@pytest.fixture
+def settings(settings):
+    """Blobs on disk are what these tests damage: no RAM tier in front of them."""
+    return settings.model_copy(update={"ram_cache_bytes": 0})
+
+
 @pytest.mark.parametrize("missing", ["index-entry", "blob"])
 def test_missing_middle_block_ends_the_prefix(cached, cold, settings, redis_client, missing) -> None:
     """Block 1 of 4 gone: 128 cached tokens, only block 0 loaded, answer identical to cold."""

@@ -19,6 +19,12 @@ from tests.integration.conftest import random_tokens
 PROMPT = random_tokens(3 * 128 + 20, seed=5)
 
 
+@pytest.fixture
+def settings(settings):
+    """Blobs on disk are what these tests damage: no RAM tier in front of them."""
+    return settings.model_copy(update={"ram_cache_bytes": 0})
+
+
 def rewrite(path: Path, change: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> None:
     """Re-encode a blob with its metadata kept and its tensors changed."""
     with safe_open(str(path), "pt") as f:

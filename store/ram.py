@@ -1,0 +1,75 @@
+"""``RamTier``: an in-process LRU of verified blocks in front of the blob store.
+
+A hot prefix is then served without reading, parsing or checksumming its blobs. The tier holds
+only blocks this process verified (read from disk and checked) or computed itself, keyed by
+namespace and block hash, so it never serves another tenant's or another model's K/V. It is
+consulted only for blocks the Redis index still lists: TTLs, eviction and ``clear`` keep their
+meaning, and a block the index dropped is never served from RAM.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from hashing import BlockHash, Namespace
+from store.interface import KVBlock
+
+
+def block_nbytes(block: KVBlock) -> int:
+    """Bytes of a block's K and V tensors."""
+    return block.key.nbytes + block.value.nbytes
+
+
+class RamTier:
+    """Least recently used blocks, at most ``max_bytes`` bytes of K/V in all (thread-safe).
+
+    Args:
+        max_bytes: budget in bytes; a block larger than the budget is never kept.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used_bytes = 0
+        self._blocks: OrderedDict[tuple[Namespace, BlockHash], KVBlock] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def get(self, namespace: Namespace, block_hash: BlockHash) -> KVBlock | None:
+        """The block, marked most recently used, or None."""
+        with self._lock:
+            block = self._blocks.get((namespace, block_hash))
+            if block is not None:
+                self._blocks.move_to_end((namespace, block_hash))
+            return block
+
+    def put(self, namespace: Namespace, block: KVBlock) -> None:
+        """Keep ``block`` (its tensors must never be modified afterwards), evicting least recently
+        used blocks beyond the budget."""
+        size = block_nbytes(block)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._pop((namespace, block.block_hash))
+            self._blocks[(namespace, block.block_hash)] = block
+            self.used_bytes += size
+            while self.used_bytes > self.max_bytes:
+                self._pop(next(iter(self._blocks)))
+
+    def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        """Forget one block (a no-op when it is not held)."""
+        with self._lock:
+            self._pop((namespace, block_hash))
+
+    def clear(self, namespace_hex: str | None = None) -> None:
+        """Forget every block, or those of one namespace (hex digest)."""
+        with self._lock:
+            for key in [k for k in self._blocks if namespace_hex is None or k[0].hex() == namespace_hex]:
+                self._pop(key)
+
+    def _pop(self, key: tuple[Namespace, BlockHash]) -> None:
+        block = self._blocks.pop(key, None)
+        if block is not None:
+            self.used_bytes -= block_nbytes(block)

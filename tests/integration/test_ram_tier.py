@@ -1,0 +1,53 @@
+"""The RAM tier: hot blocks skip the disk, yet the index alone decides what may be served."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api import Api
+from tests.integration.conftest import random_tokens
+
+PROMPT = random_tokens(3 * 128 + 20, seed=61)
+
+
+@pytest.fixture
+def settings(settings):
+    """No garbage collection during these tests: it would drop entries whose blobs are gone."""
+    return settings.model_copy(update={"gc_interval": 3600})
+
+
+def test_hot_blocks_are_served_without_reading_their_blobs(cached, cold, settings) -> None:
+    """Every blob deleted after the first request: the repeat still hits all 3 blocks, from RAM,
+    and answers exactly like the cold server."""
+    cached.complete(PROMPT)
+    cached.flush()
+    for blob in settings.blob_root.rglob("*.safetensors"):
+        blob.unlink()
+    result = cached.complete(PROMPT)
+    assert result.cached_tokens == 384
+    assert cached.cache.stats.blocks_from_ram == 3
+    assert result.key == cold.complete(PROMPT).key
+
+
+def test_blocks_read_from_disk_enter_ram(settings, tiny_model, serve) -> None:
+    """A fresh process (empty RAM tier) reads the blobs once; its next hit comes from RAM."""
+    with serve(settings, tiny_model) as first:
+        Api(first).complete(PROMPT)
+        Api(first).flush()
+    with serve(settings, tiny_model) as second:
+        api = Api(second)
+        assert api.complete(PROMPT).cached_tokens == 384
+        assert api.cache.stats.blocks_from_ram == 0
+        assert api.complete(PROMPT).cached_tokens == 384
+        assert api.cache.stats.blocks_from_ram == 3 and len(api.cache.ram) == 3
+
+
+def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_prefix) -> None:
+    """Index entries removed behind the process's back (another replica's eviction, an expiry):
+    the blocks are still in RAM, yet the next request is a miss."""
+    cached.complete(PROMPT)
+    cached.flush()
+    assert len(cached.cache.ram) == 3
+    redis_client.delete(*redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
+    assert cached.complete(PROMPT).cached_tokens == 0
+    assert cached.cache.stats.blocks_from_ram == 0
