@@ -6,6 +6,7 @@ Blocks are ``[num_layers, num_kv_heads, 128, head_dim]``; the model's cache (tra
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -80,20 +81,23 @@ class BufferPool:
         self.keep = keep
         self.granule = granule
         self._free: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._lock = threading.Lock()
 
     def acquire(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A (key, value) buffer pair with room for at least ``capacity`` tokens."""
-        fits = [i for i, b in enumerate(self._free) if b[0].shape[3] >= capacity]
-        if fits:
-            return self._free.pop(min(fits, key=lambda i: self._free[i][0].shape[3]))
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b[0].shape[3] >= capacity]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i][0].shape[3]))
         layers, heads, _, dim = self.like.shape
         size = (layers, 1, heads, -(-max(capacity, 1) // self.granule) * self.granule, dim)
         return self.like.new_empty(size), self.like.new_empty(size)
 
     def release(self, buffers: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Give a pair back; nothing may use it afterwards."""
-        self._free.append(buffers)
-        del self._free[: -self.keep or len(self._free)]
+        with self._lock:
+            self._free.append(buffers)
+            del self._free[: -self.keep or len(self._free)]
 
 
 def past_from_blocks(

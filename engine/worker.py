@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
+INITIAL_ROOM_TOKENS = 1024
+"""Completion tokens a request's K/V buffers have room for before they grow."""
+
 
 class EngineBusy(Exception):
     """The request queue is full; retry later."""
@@ -181,6 +184,11 @@ class _Sequence:
     def n(self) -> int:
         return len(self.request.prompt_ids)
 
+    @property
+    def past(self) -> DynamicCache:
+        assert self.result is not None, "the sequence has not begun"
+        return self.result.past
+
 
 class Engine:
     """Runs requests on a worker thread, through an optional prefix cache, batching decodes.
@@ -314,8 +322,9 @@ class Engine:
         except Exception as exc:
             log.exception("generation failed")
             for seq in sequences:
-                self._release(seq)
-                seq.emit(Failed(exc))
+                if not seq.done:
+                    self._release(seq)
+                    seq.emit(Failed(exc))
             return True
 
     def _sequence(
@@ -327,7 +336,8 @@ class Engine:
     def _begin(self, seq: _Sequence) -> None:
         """Load the longest cached prefix of the prompt into the sequence's past."""
         request = seq.request
-        seq.buffers = self.buffers.acquire(seq.n + request.max_tokens)
+        # NOTE: room for the usual completion; a longer one grows the past (one copy per doubling)
+        seq.buffers = self.buffers.acquire(seq.n + min(request.max_tokens, INITIAL_ROOM_TOKENS))
         namespace = self.namespace(request.tenant)
         seq.result = self._load_prefix(namespace, request.prompt_ids, seq.buffers, request.cache_ttl_s)
         reused = seq.result.cached_tokens
@@ -381,7 +391,7 @@ class Engine:
         running = [seq for seq in sequences if not seq.done]
         if running:
             model = self.loaded.model
-            pasts = [seq.result.past for seq in running if seq.result is not None]
+            pasts = [seq.past for seq in running]
             tokens = [seq.generated[-1] for seq in running]
             positions = [seq.n + len(seq.generated) - 1 for seq in running]
             if len(running) == 1:
