@@ -8,6 +8,7 @@ the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -63,13 +64,16 @@ class CacheStats:
         return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
+def _block_ids(token_ids: Sequence[int], i: int) -> tuple[int, ...]:
+    """The 128 token ids of block ``i``."""
+    return tuple(token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
+
+
 @dataclass(frozen=True)
 class _SaveJob:
     namespace: Namespace
-    token_ids: tuple[int, ...]
-    first_block: int
-    key: torch.Tensor
-    value: torch.Tensor
+    blocks: list[KVBlock]  # consecutive, in chain order
+    parent: BlockHash | None  # of the first block
     ttl_s: int
     created: float = field(default_factory=time.time)
 
@@ -111,6 +115,9 @@ class BlockCache:
         self.max_bytes = max_bytes
         self.stats = CacheStats()
         self.ram = RamTier(ram_bytes)
+        # blocks handed to save() and not yet published (or given up), by (namespace, hash)
+        self._pending: dict[tuple[Namespace, BlockHash], KVBlock] = {}
+        self._pending_lock = threading.Lock()
         self.breaker = CircuitBreaker(breaker_cooldown_s)
         self._last_warning: dict[str, float] = {}
         # NOTE: one background thread does every write (blobs, index entries, shared counters), so
@@ -158,7 +165,7 @@ class BlockCache:
         from_ram = 0
         for i in range(len(entries)):
             block_hash = hashes[i]
-            ids = tuple(token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
+            ids = _block_ids(token_ids, i)
             block = self.ram.get(namespace, block_hash)
             if block is not None and block.token_ids == ids:
                 blocks.append(block)
@@ -187,6 +194,20 @@ class BlockCache:
                 break
             self.ram.put(namespace, block)
             blocks.append(block)
+        if len(blocks) == len(entries):
+            # NOTE: blocks this process computed and is still saving extend the prefix the index
+            # lists, so a request sent right after another one hits without waiting for the disk.
+            with self._pending_lock:
+                for i in range(len(blocks), len(hashes)):
+                    block = self._pending.get((namespace, hashes[i]))
+                    if block is None or block.token_ids != tuple(
+                        token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
+                    ):
+                        break
+                    blocks.append(block)
+                    from_ram += 1
+            if len(blocks) == len(hashes):
+                miss_reason = None
         self.stats.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
         return PrefixMatch(blocks, miss_reason)
 
@@ -214,12 +235,28 @@ class BlockCache:
         value: torch.Tensor,
         ttl_s: int | None = None,
     ) -> None:
-        """See ``PrefixCache.save``: queue the blocks for the background writer."""
+        """See ``PrefixCache.save``: queue the blocks for the background writer.
+
+        Until they are published, this process serves them from memory right after the prefix the
+        index lists (a request that follows at once still hits); see ``_match``.
+        """
         assert key.shape[2] % BLOCK_SIZE == 0, key.shape
-        job = _SaveJob(namespace, tuple(token_ids), first_block, key, value, ttl_s or self.ttl_s)
+        last = first_block + key.shape[2] // BLOCK_SIZE
+        hashes = block_hashes(token_ids[: last * BLOCK_SIZE], namespace)
+        pairs = zip(key.split(BLOCK_SIZE, dim=2), value.split(BLOCK_SIZE, dim=2), strict=True)
+        blocks = [
+            KVBlock(i, hashes[i], _block_ids(token_ids, i), k, v)
+            for i, (k, v) in enumerate(pairs, start=first_block)
+        ]
+        job = _SaveJob(
+            namespace, blocks, hashes[first_block - 1] if first_block else None, ttl_s or self.ttl_s
+        )
+        with self._pending_lock:
+            self._pending.update(((namespace, b.block_hash), b) for b in blocks)
         if not self._enqueue(lambda: self._write(job)):
-            self.stats.add(saves_dropped=key.shape[2] // BLOCK_SIZE)
-            self._warn("queue", "save queue full: %d blocks not cached", key.shape[2] // BLOCK_SIZE)
+            self._unpend(job.namespace, blocks)
+            self.stats.add(saves_dropped=len(blocks))
+            self._warn("queue", "save queue full: %d blocks not cached", len(blocks))
 
     def flush(self, timeout_s: float) -> bool:
         """See ``PrefixCache.flush``."""
@@ -263,32 +300,34 @@ class BlockCache:
                 self._jobs.task_done()
 
     def _write(self, job: _SaveJob) -> None:
-        num_blocks = job.key.shape[2] // BLOCK_SIZE
-        last = job.first_block + num_blocks
-        hashes = block_hashes(job.token_ids[: last * BLOCK_SIZE], job.namespace)
-        wanted = range(job.first_block, last)
+        try:
+            self._publish(job)
+        finally:
+            self._unpend(job.namespace, job.blocks)
+
+    def _unpend(self, namespace: Namespace, blocks: list[KVBlock]) -> None:
+        with self._pending_lock:
+            for block in blocks:
+                self._pending.pop((namespace, block.block_hash), None)
+
+    def _publish(self, job: _SaveJob) -> None:
+        """Write each block's blob, then its index entry (never the reverse); keep it in RAM."""
         if not self.breaker.allow():
             return  # NOTE: a blob that cannot be indexed is never written
         try:
-            missing = self.index.missing(job.namespace, [hashes[i] for i in wanted])
+            missing = self.index.missing(job.namespace, [b.block_hash for b in job.blocks])
         except redis.RedisError as exc:
             self._redis_failed("exists", exc)
             return
-        for i, needed in zip(wanted, missing, strict=True):
-            span = slice((i - job.first_block) * BLOCK_SIZE, (i - job.first_block + 1) * BLOCK_SIZE)
-            block = KVBlock(
-                index=i,
-                block_hash=hashes[i],
-                token_ids=job.token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE],
-                key=job.key[:, :, span].contiguous(),
-                value=job.value[:, :, span].contiguous(),
-            )
+        parent = job.parent
+        for view, needed in zip(job.blocks, missing, strict=True):
+            block = dataclasses.replace(view, key=view.key.contiguous(), value=view.value.contiguous())
+            block_parent, parent = parent, block.block_hash
             if not needed:
                 self.ram.put(job.namespace, block)
                 continue
-            parent = hashes[i - 1] if i else None
-            path = self.blobs.relative_path(job.namespace, hashes[i])
-            data = encode_block(block, job.namespace, parent, self.spec)
+            path = self.blobs.relative_path(job.namespace, block.block_hash)
+            data = encode_block(block, job.namespace, block_parent, self.spec)
             try:
                 self.blobs.write(path, data)
             except OSError as exc:
@@ -301,8 +340,10 @@ class BlockCache:
                 )
                 return
             try:
-                entry = new_entry(path, len(data), parent)
-                total = self.index.publish(job.namespace, hashes[i], parent, i, entry, job.ttl_s, job.created)
+                entry = new_entry(path, len(data), block_parent)
+                total = self.index.publish(
+                    job.namespace, block.block_hash, block_parent, block.index, entry, job.ttl_s, job.created
+                )
             except redis.RedisError as exc:
                 self._redis_failed("publish", exc)
                 return

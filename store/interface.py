@@ -93,7 +93,8 @@ class PrefixCache(Protocol):
     Contract:
     - ``lookup`` never raises for a cache fault (Redis down, blob missing or corrupt): the
       prefix simply ends at the first block it cannot serve, and a bad index entry is dropped.
-      Every block it returns has been verified against ``namespace`` and ``token_ids``.
+      Every block it returns has been verified against ``namespace`` and ``token_ids``, or was
+      computed by this process for exactly those tokens (blocks still being saved are served).
     - ``save`` never blocks on I/O and never raises for a cache fault; it only schedules writes.
       A block is indexed only after its blob is completely on disk.
     - ``flush`` waits (at most ``timeout_s`` seconds) until scheduled saves are done.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from tests.api import Api
@@ -51,3 +53,18 @@ def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_pr
     redis_client.delete(*redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
     assert cached.complete(PROMPT).cached_tokens == 0
     assert cached.cache.stats.blocks_from_ram == 0
+
+
+def test_a_request_right_after_another_hits_while_the_writer_is_behind(cached, cold, settings) -> None:
+    """The disk writer is held up: the repeat still hits all 3 blocks (from the blocks being
+    saved), answers like cold, and the blocks reach the disk once the writer resumes."""
+    gate = threading.Event()
+    assert cached.cache._enqueue(gate.wait)  # the writer is busy until the gate opens
+    cached.complete(PROMPT)
+    result = cached.complete(PROMPT)
+    on_disk = list(settings.blob_root.rglob("*.safetensors"))
+    gate.set()
+    cached.flush()
+    assert result.cached_tokens == 384 and not on_disk
+    assert result.key == cold.complete(PROMPT).key
+    assert len(list(settings.blob_root.rglob("*.safetensors"))) >= 3 and not cached.cache._pending
