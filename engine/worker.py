@@ -1,9 +1,9 @@
 """The request worker: one thread that runs model compute, fed by a bounded queue.
 
 Scheduling (continuous batching): up to ``max_batch`` requests run at once. Each turn of the
-worker computes one prefill chunk of the request being prefilled (one at a time, in arrival
-order) and then one decode step for every request past its prefill, all in one batched forward
-pass. A long prompt therefore never stalls the others' streams for more than one chunk, and
+worker computes one prefill chunk of one request still in prefill (taking turns between them)
+and then one decode step for every request past its prefill, all in one batched forward pass. A
+long prompt therefore never holds up another request for more than one chunk at a time, and
 concurrent decodes share each read of the weights.
 
 Ranges of one request (n prompt tokens, k leading blocks cached and verified, g generated)::
@@ -219,7 +219,7 @@ class Engine:
         # left must give its place back at once, not when the worker reaches it.
         self._waiting: deque[tuple[GenerationRequest, RequestHandle]] = deque()
         self._ready = threading.Condition()
-        self._prefilling: _Sequence | None = None
+        self._prefilling: deque[_Sequence] = deque()  # in turn order
         self._decoding: list[_Sequence] = []
         self._closing = False
         self._namespaces: dict[str, Namespace] = {}
@@ -267,13 +267,13 @@ class Engine:
     def running(self) -> int:
         """Requests being prefilled or decoded."""
         with self._ready:
-            return len(self._decoding) + (self._prefilling is not None)
+            return len(self._decoding) + len(self._prefilling)
 
     @property
     def idle(self) -> bool:
         """No request running or waiting."""
         with self._ready:
-            return self._prefilling is None and not self._decoding and not self._waiting
+            return not self._prefilling and not self._decoding and not self._waiting
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Finish the running requests, stop the worker, flush pending cache saves."""
@@ -290,34 +290,31 @@ class Engine:
         while True:
             with self._ready:
                 self._drop_cancelled()
-                admitted = None
-                if self._prefilling is None and self._waiting and len(self._decoding) < self.max_batch:
+                if self._waiting and len(self._prefilling) + len(self._decoding) < self.max_batch:
                     request, handle = self._waiting.popleft()
-                    admitted = self._sequence(request, handle.emit, handle.cancelled.is_set)
-                    self._prefilling = admitted
-                elif self._prefilling is None and not self._decoding:
+                    self._prefilling.append(self._sequence(request, handle.emit, handle.cancelled.is_set))
+                elif not self._prefilling and not self._decoding:
                     if self._closing and not self._waiting:
                         return
                     self._ready.wait()
                     continue
-            prefilling = self._prefilling
-            if prefilling is not None and self._step([prefilling], self._prefill_step, admitted):
+                prefilling = self._prefilling[0] if self._prefilling else None
+            if prefilling is not None:
+                over = self._step([prefilling], self._prefill_step)
                 with self._ready:
-                    self._prefilling = None
-                    if not prefilling.done:
+                    self._prefilling.popleft()
+                    if not over:
+                        self._prefilling.append(prefilling)  # its next chunk after the others'
+                    elif not prefilling.done:
                         self._decoding.append(prefilling)
             if self._decoding and self._step(self._decoding, self._decode_step):
                 with self._ready:
                     self._decoding = [s for s in self._decoding if not s.done]
 
-    def _step(
-        self, sequences: list[_Sequence], step: Callable[..., bool], admitted: _Sequence | None = None
-    ) -> bool:
-        """Run ``step(*sequences)`` (after ``_begin`` for a just admitted sequence); a failure
-        ends every one of them with ``Failed``. Returns what the step returned (True on failure)."""
+    def _step(self, sequences: list[_Sequence], step: Callable[..., bool]) -> bool:
+        """Run ``step(*sequences)``; a failure ends every one of them with ``Failed``. Returns
+        what the step returned (True on failure)."""
         try:
-            if admitted is not None:
-                self._begin(admitted)
             return step(*sequences)
         except Exception as exc:
             log.exception("generation failed")
@@ -359,12 +356,15 @@ class Engine:
         return PrefillResult(torch.empty(0), past, reused, match.num_blocks, match.miss_reason)
 
     def _prefill_step(self, seq: _Sequence) -> bool:
-        """One prefill chunk; at the end of the prompt, the first token. True when the prefill is
-        over (the sequence then decodes unless it is ``done``)."""
-        assert seq.result is not None
+        """One prefill chunk (the first one after loading the cached prefix); at the end of the
+        prompt, the first token. True when the prefill is over (the sequence then decodes unless
+        it is ``done``)."""
         if seq.is_cancelled():
             self._end(seq, "cancelled")
             return True
+        if seq.result is None:
+            self._begin(seq)
+        assert seq.result is not None
         seq.result.logits = next(seq.chunks)
         if seq.result.past.get_seq_length() < seq.n:
             return False
@@ -449,7 +449,6 @@ class Engine:
         """Compute one request on this thread, emitting ``PrefillDone``, ``TokenDelta``s and
         ``Finished`` (the events the worker emits for a request running alone)."""
         seq = self._sequence(request, emit, is_cancelled)
-        self._begin(seq)
         while not self._prefill_step(seq):
             pass
         while not seq.done:

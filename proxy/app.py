@@ -52,6 +52,10 @@ def blob_budget(settings: Settings) -> int:
     return shutil.disk_usage(settings.blob_root).free // 2
 
 
+RAM_BLOCKS_WARNING = 16
+"""A RAM tier holding fewer blocks than this (2,048 tokens) is worth a warning at start."""
+
+
 def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     """The prefix cache described by ``settings``. Never fails on an unreachable Redis: the
     cache starts degraded (serving misses) and resumes on its own when Redis answers."""
@@ -65,12 +69,22 @@ def build_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         breaker_cooldown_s=settings.redis_retry,
         ram_bytes=settings.ram_cache_bytes,
     )
+    ram_blocks = settings.ram_cache_bytes // spec.block_bytes
     log.info(
-        "blob store %s: budget %.1f MB (--max-cache-bytes); RAM tier %.1f MB (--ram-cache-bytes)",
+        "blob store %s: budget %.1f MB (--max-cache-bytes); RAM tier %.1f MB, %d blocks (--ram-cache-bytes)",
         settings.blob_root,
         budget / 1e6,
         settings.ram_cache_bytes / 1e6,
+        ram_blocks,
     )
+    if 0 < settings.ram_cache_bytes and ram_blocks < RAM_BLOCKS_WARNING:
+        log.warning(
+            "--ram-cache-bytes %d holds only %d blocks of %d bytes: a prefix longer than that is "
+            "read from disk on every hit (0 turns the RAM tier off)",
+            settings.ram_cache_bytes,
+            ram_blocks,
+            spec.block_bytes,
+        )
     if cache.health() != "ok":
         log.warning(
             "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "

@@ -68,15 +68,25 @@ def get_tenant(request: Request) -> str:
 
 
 def require_admin(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
-    """401 unless the request carries the admin key. Without ``--admin-key`` the admin routes are
-    open only while API keys are off (a single-user server)."""
-    if settings.admin_key is None:
-        if request.app.state.api_keys is None:
-            return
-        raise OpenAIError(401, "admin routes need --admin-key to be configured", code="invalid_api_key")
-    token = bearer(request) or ""
-    if not secrets.compare_digest(token.encode(), settings.admin_key.encode()):
-        raise OpenAIError(401, "this route needs the admin key", code="invalid_api_key")
+    """Pass only requests carrying the admin key: 403 for a valid API key (it names a tenant, not
+    an operator), 401 otherwise. Without ``--admin-key`` the admin routes are open only while API
+    keys are off (a single-user server)."""
+    token = bearer(request)
+    if settings.admin_key is None and request.app.state.api_keys is None:
+        return
+    if settings.admin_key is not None and secrets.compare_digest(
+        (token or "").encode(), settings.admin_key.encode()
+    ):
+        return
+    message = "this route needs the admin key" + (" (--admin-key)" if settings.admin_key is None else "")
+    if request.app.state.api_keys is not None:
+        try:
+            get_tenant(request)
+        except OpenAIError:
+            pass
+        else:
+            raise OpenAIError(403, f"{message}; an API key is not enough", code="permission_denied")
+    raise OpenAIError(401, message, code="invalid_api_key")
 
 
 Tenant = Annotated[str, Depends(get_tenant)]

@@ -247,10 +247,11 @@ def test_body_over_the_limit_is_413(settings, tiny_model, serve):
 
 
 def test_full_queue_answers_503_with_retry_after(settings, default_model, serve):
-    """--max-queue 1: while one long prefill runs and one request waits, the next is told to retry."""
+    """--max-queue 1, --max-batch 1: while one long prefill runs and one request waits, the next is
+    told to retry."""
     import time
 
-    with serve(settings.model_copy(update={"max_queue": 1}), default_model) as server:
+    with serve(settings.model_copy(update={"max_queue": 1, "max_batch": 1}), default_model) as server:
         url = f"{server.base_url}{COMPLETIONS}"
         body = {"model": default_model.name, "prompt": random_tokens(2000, seed=1), "max_tokens": 1}
         engine = server.app.state.engine
@@ -276,10 +277,11 @@ def test_full_queue_answers_503_with_retry_after(settings, default_model, serve)
 
 
 def test_a_waiting_client_that_leaves_frees_its_place(settings, default_model, serve):
-    """--max-queue 1: B waits behind a long prefill and gives up; C then gets the place, not a 503."""
+    """--max-queue 1, --max-batch 1: B waits behind a long prefill and gives up; C then gets the
+    place, not a 503."""
     import time
 
-    with serve(settings.model_copy(update={"max_queue": 1}), default_model) as server:
+    with serve(settings.model_copy(update={"max_queue": 1, "max_batch": 1}), default_model) as server:
         url = f"{server.base_url}{COMPLETIONS}"
         long = {"model": default_model.name, "prompt": random_tokens(2000, seed=2), "max_tokens": 1}
         engine = server.app.state.engine

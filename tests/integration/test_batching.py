@@ -4,6 +4,7 @@ alone; a short request is never stuck behind another's whole generation."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -75,3 +76,26 @@ def test_a_short_request_finishes_while_a_long_one_streams(cached) -> None:
     b_finished_first = not a_done.is_set()
     a.join()
     assert b.status_code == 200 and b_finished_first
+
+
+def test_a_short_request_is_not_held_up_by_a_long_prefill(settings, default_model, serve) -> None:
+    """B (20 tokens) is sent while A's 2,000-token prompt is being prefilled (about 8 chunks of
+    256): B is answered before A, whose prefill takes turns with B's."""
+    with serve(settings, default_model) as server:
+        url = f"{server.base_url}/v1/completions"
+        engine = server.app.state.engine
+        done: list[str] = []
+
+        def send(name: str, tokens: int) -> None:
+            prompt = random_tokens(tokens, seed=tokens)
+            body = {"model": default_model.name, "prompt": prompt, "max_tokens": 1}
+            assert httpx.post(url, json=body, timeout=300).status_code == 200
+            done.append(name)
+
+        a = threading.Thread(target=send, args=("A", 2000))
+        a.start()
+        while engine.running == 0:  # until A is admitted
+            time.sleep(0.01)
+        send("B", 20)
+        a.join()
+    assert done == ["B", "A"]

@@ -157,7 +157,7 @@ def test_a_tenant_sees_only_its_own_figures(settings, tiny_model, serve) -> None
 
         a, b, admin = stats("ka"), stats("kb"), stats("adm")
         assert httpx.get(f"{url}/stats").status_code == 401
-        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer ka"}).status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer ka"}).status_code == 403
     assert a["scope"] == b["scope"] == "tenant" and admin["scope"] == "deployment"
     assert a["process"]["prompt_tokens"] == 300 and a["deployment"]["prompt_tokens"] == 300
     assert b["process"]["prompt_tokens"] == 0 and b["process"]["recent_misses"] == []

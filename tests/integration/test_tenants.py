@@ -51,7 +51,8 @@ def test_keys_never_share_but_chosen_keys_do(keyed) -> None:
 
 
 def test_authentication(keyed) -> None:
-    """Every /v1 route needs a key; /health stays open; admin routes need the admin key."""
+    """Every /v1 route needs a key; /health stays open; admin routes need the admin key (a valid
+    API key gets 403: it is known, but not allowed)."""
     url = keyed.base_url
     for method, path in [
         ("GET", "/v1/models"),
@@ -63,7 +64,9 @@ def test_authentication(keyed) -> None:
     with pytest.raises(AuthenticationError):
         OpenAI(base_url=f"{url}/v1", api_key="wrong").models.list()
     assert [m.id for m in OpenAI(base_url=f"{url}/v1", api_key="key-a").models.list().data] == ["tiny"]
-    assert httpx.get(f"{url}/v1/cache/stats", headers={"Authorization": "Bearer key-a"}).status_code == 401
+    tenant_key = httpx.get(f"{url}/v1/cache/stats", headers={"Authorization": "Bearer key-a"})
+    assert tenant_key.status_code == 403 and tenant_key.json()["error"]["code"] == "permission_denied"
+    assert httpx.get(f"{url}/v1/cache/stats", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert httpx.get(f"{url}/v1/cache/stats", headers={"Authorization": "Bearer adm"}).status_code == 200
 
 
