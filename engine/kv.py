@@ -97,7 +97,8 @@ class BufferPool:
         """Give a pair back; nothing may use it afterwards."""
         with self._lock:
             self._free.append(buffers)
-            del self._free[: -self.keep or len(self._free)]
+            if len(self._free) > self.keep:
+                del self._free[: len(self._free) - self.keep]
 
 
 def past_from_blocks(

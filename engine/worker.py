@@ -424,12 +424,10 @@ class Engine:
         if reason == "cancelled":
             seq.emit(Finished("cancelled", len(seq.generated)))
         else:
-            assert seq.result is not None
             seq.emit(Finished(reason, len(seq.generated), seq.text.finish()))
-            n = seq.n
-            fed = seq.result.past.get_seq_length()  # prompt + every generated token but the last
+            fed = seq.past.get_seq_length()  # prompt + every generated token but the last
             sequence = seq.request.prompt_ids + tuple(seq.generated)
-            self._save(seq.request, sequence, n // BLOCK_SIZE, seq.result.past, fed // BLOCK_SIZE)
+            self._save(seq.request, sequence, seq.n // BLOCK_SIZE, seq.past, fed // BLOCK_SIZE)
         self._release(seq)
 
     def _release(self, seq: _Sequence) -> None:

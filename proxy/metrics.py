@@ -205,27 +205,23 @@ class _EngineAndStoreCollector(Collector):
         yield GaugeMetricFamily(
             "kvproxy_cache_ram_tier_bytes", "K/V bytes held in the RAM tier", value=self.cache.ram.used_bytes
         )
-        evicted = CounterMetricFamily(
-            "kvproxy_cache_blocks_evicted", "Blocks removed, by reason", labels=["reason"]
+        yield _by_label(
+            "kvproxy_cache_blocks_evicted",
+            "Blocks removed, by reason",
+            "reason",
+            [
+                ("ttl", s.evicted_ttl),
+                ("budget", s.evicted_budget),
+                ("verification_failure", s.verification_failures),
+                ("gc", s.evicted_gc + s.evicted_orphan),
+            ],
         )
-        for reason, value in (
-            ("ttl", s.evicted_ttl),
-            ("budget", s.evicted_budget),
-            ("verification_failure", s.verification_failures),
-            ("gc", s.evicted_gc + s.evicted_orphan),
-        ):
-            evicted.add_metric([reason], value)
-        yield evicted
-        errors = CounterMetricFamily(
-            "kvproxy_cache_store_errors", "Cache store errors by operation", labels=["operation"]
+        yield _by_label(
+            "kvproxy_cache_store_errors",
+            "Cache store errors by operation",
+            "operation",
+            [("redis", s.redis_errors), ("write", s.save_errors), ("queue_full", s.saves_dropped)],
         )
-        for operation, value in (
-            ("redis", s.redis_errors),
-            ("write", s.save_errors),
-            ("queue_full", s.saves_dropped),
-        ):
-            errors.add_metric([operation], value)
-        yield errors
         held = report.stored(self.cache)
         yield GaugeMetricFamily(
             "kvproxy_redis_up", "1 when the Redis index answers", value=0 if held is None else 1
@@ -233,6 +229,14 @@ class _EngineAndStoreCollector(Collector):
         if held is not None:
             yield GaugeMetricFamily("kvproxy_cache_blocks", "Blocks in the cache", value=held[0])
             yield GaugeMetricFamily("kvproxy_cache_blob_bytes", "Bytes in the blob store", value=held[1])
+
+
+def _by_label(name: str, doc: str, label: str, values: list[tuple[str, int]]) -> CounterMetricFamily:
+    """A counter with one sample per ``(label value, count)``."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for label_value, count in values:
+        family.add_metric([label_value], count)
+    return family
 
 
 class RequestMetrics:
