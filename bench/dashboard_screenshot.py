@@ -1,6 +1,6 @@
 """Send a little mixed traffic to a running kvproxy, then screenshot its dashboard.
 
-    python bench/dashboard_screenshot.py --url http://127.0.0.1:8000 --out docs/dashboard.png
+    python -m bench.dashboard_screenshot --url http://127.0.0.1:8000 --out docs/dashboard.png
 
 Needs headless Chromium (Debian: apt-get install chromium).
 """
@@ -10,13 +10,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-from openai import OpenAI
-
-sys.path.insert(0, str(Path(__file__).parent))
-from shared_prefix import QUESTIONS, SYSTEM  # noqa: E402
+from bench.client import Client
+from bench.shared_prefix import QUESTIONS, SYSTEM
 
 
 def main() -> None:
@@ -28,15 +24,13 @@ def main() -> None:
     parser.add_argument("--out", default="docs/dashboard.png")
     args = parser.parse_args()
 
-    client = OpenAI(base_url=f"{args.url}/v1", api_key="unused")
+    client = Client(f"{args.url}/v1")
     questions = [*QUESTIONS, "What is the capital of France?", "Name one sorting algorithm."]
     for system in (SYSTEM, SYSTEM, SYSTEM[: len(SYSTEM) // 2] + " (edited) " + SYSTEM[len(SYSTEM) // 2 :]):
         for question in questions:
             messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-            client.chat.completions.create(model=args.model, messages=messages, temperature=0, max_tokens=16)
-    client.chat.completions.create(
-        model=args.model, messages=[{"role": "user", "content": "Hi!"}], temperature=0, max_tokens=8
-    )
+            client.chat(args.model, messages, 16)
+    client.chat(args.model, [{"role": "user", "content": "Hi!"}], 8)
     chromium = shutil.which("chromium") or "chromium"
     subprocess.run(
         [

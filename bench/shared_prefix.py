@@ -4,7 +4,7 @@ Sends two chat requests that share a long system prompt (real prose from Python'
 docstrings) and differ in the user question, to each server, and prints time to first token,
 cached tokens and whether the completions agree.
 
-    python bench/shared_prefix.py --cached http://127.0.0.1:8000/v1 --baseline http://127.0.0.1:8001/v1
+    python -m bench.shared_prefix --cached http://127.0.0.1:8000/v1 --baseline http://127.0.0.1:8001/v1
 """
 
 from __future__ import annotations
@@ -15,18 +15,16 @@ import heapq
 import inspect
 import subprocess
 
-from openai import OpenAI
+from bench.client import Client
 
-from proxy.benchmark import stream_chat
-
-SYSTEM = "\n\n".join(inspect.getdoc(m) for m in (argparse, difflib, subprocess, heapq))
+SYSTEM = "\n\n".join(inspect.getdoc(m) or "" for m in (argparse, difflib, subprocess, heapq))
 QUESTIONS = ["Summarize the first module in one sentence.", "Which class compares sequences?"]
 
 
-def ask(client: OpenAI, model: str, question: str, max_tokens: int) -> tuple[float, int, int, str]:
+def ask(client: Client, model: str, question: str, max_tokens: int) -> tuple[float, int, int, str]:
     """Stream one request: (TTFT seconds, prompt tokens, cached tokens, completion text)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-    result, text = stream_chat(client, model, messages, max_tokens)
+    result, text = client.chat(model, messages, max_tokens)
     return result.ttft_s, result.prompt_tokens, result.cached_tokens, text
 
 
@@ -43,7 +41,7 @@ def main() -> None:
     print(f"{'server':<10} {'request':<9} {'prompt':>6} {'cached':>6} {'TTFT s':>8}  completion")
     results = {}
     for label, url in (("cached", args.cached), ("no-cache", args.baseline)):
-        client = OpenAI(base_url=url, api_key="unused")
+        client = Client(url)
         for i, question in enumerate(QUESTIONS):
             ttft, prompt, cached, text = ask(client, args.model, question, args.max_tokens)
             results[label, i] = (ttft, text)

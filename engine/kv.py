@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -32,13 +33,14 @@ class GrowingLayer(DynamicLayer):
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         self._set_length(length)
 
-    def _set_length(self, length: int) -> None:
+    def _set_length(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.length = length
-        self.keys = self._key_buffer[:, :, :length]
-        self.values = self._value_buffer[:, :, :length]
+        keys, values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *_args: object, **_kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``key_states``/``value_states`` ``[batch, num_kv_heads, new, head_dim]``;
         returns the K/V of every position so far."""
@@ -49,8 +51,7 @@ class GrowingLayer(DynamicLayer):
             self._value_buffer = _grown(self._value_buffer, self.length, capacity)
         self._key_buffer[:, :, self.length : end] = key_states
         self._value_buffer[:, :, self.length : end] = value_states
-        self._set_length(end)
-        return self.keys, self.values
+        return self._set_length(end)
 
     def get_seq_length(self) -> int:
         return self.length
@@ -144,6 +145,7 @@ def blocks_from_past(
     """
     span = slice(first_block * BLOCK_SIZE, end_block * BLOCK_SIZE)
     assert past.get_seq_length() >= span.stop, (past.get_seq_length(), span)
-    key = torch.stack([layer.keys[0, :, span] for layer in past.layers])
-    value = torch.stack([layer.values[0, :, span] for layer in past.layers])
+    layers = [cast(DynamicLayer, layer) for layer in past.layers]
+    key = torch.stack([cast(torch.Tensor, layer.keys)[0, :, span] for layer in layers])
+    value = torch.stack([cast(torch.Tensor, layer.values)[0, :, span] for layer in layers])
     return key, value

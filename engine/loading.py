@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import xxhash
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from engine.fetch import (
     KNOWN_MODELS,
@@ -22,6 +24,7 @@ from engine.fetch import (
     gguf_checkpoint_dir,
     is_checkpoint,
 )
+from hashing import Namespace, namespace_digest
 from store.interface import KVSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -48,6 +51,20 @@ class LoadedModel:
     kv_spec: KVSpec
     context_length: int
     eos_token_ids: frozenset[int]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights (and so every K/V and logits tensor) live."""
+        return next(self.model.parameters()).device
+
+    def namespace(self, tenant: str) -> Namespace:
+        """The cache namespace of ``tenant`` for this model's weights and KV dtype."""
+        return _namespace(self.fingerprint, self.kv_spec.dtype, tenant)
+
+
+@lru_cache(maxsize=4096)
+def _namespace(fingerprint: str, kv_dtype: str, tenant: str) -> Namespace:
+    return namespace_digest(model_fingerprint=fingerprint, kv_dtype=kv_dtype, tenant=tenant)
 
 
 def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, Path]:
@@ -104,7 +121,7 @@ def load_model(spec: str, *, cache_dir: Path, dtype: str = "float32", device: st
     name, model_dir = resolve_model_dir(spec, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=getattr(torch, dtype), local_files_only=True
         )
     except (ValueError, OSError, KeyError) as exc:
@@ -152,5 +169,5 @@ def _probe_kv_spec(model: Any, dtype: str) -> KVSpec:
         getattr(layer, "is_sliding", False) for layer in cache.layers
     ):
         raise ModelError(f"{config.model_type} does not use a plain dynamic KV cache; unsupported")
-    key = cache.layers[0].keys
+    key = cast(torch.Tensor, cast(DynamicLayer, cache.layers[0]).keys)
     return KVSpec(num_layers=len(cache.layers), num_kv_heads=key.shape[1], head_dim=key.shape[3], dtype=dtype)

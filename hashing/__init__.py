@@ -7,7 +7,9 @@ Pure functions, no I/O. The rules are normative (docs/design.md, "Block identity
 - block 0: ``h0 = xxh3_128(N || ids[0:128] as little-endian uint32)``;
 - block i: ``hi = xxh3_128(h(i-1) || ids[128i:128i+128] as little-endian uint32)``.
 
-A partial last block is never hashed.
+A partial last block is never hashed. ``block_tokens`` is the one place a block's token ids are
+sliced out of a sequence, and ``reusable_tokens`` the one place the "reuse at most n - 1 tokens"
+rule is written.
 """
 
 from hashing.blocks import (
@@ -16,9 +18,11 @@ from hashing.blocks import (
     BlockHash,
     Namespace,
     block_hashes,
+    block_tokens,
     encode_token_ids,
     namespace_digest,
     num_full_blocks,
+    reusable_tokens,
 )
 
 __all__ = [
@@ -27,7 +31,9 @@ __all__ = [
     "BlockHash",
     "Namespace",
     "block_hashes",
+    "block_tokens",
     "encode_token_ids",
     "namespace_digest",
     "num_full_blocks",
+    "reusable_tokens",
 ]

@@ -68,6 +68,29 @@ def num_full_blocks(num_tokens: int, block_size: int = BLOCK_SIZE) -> int:
     return num_tokens // block_size
 
 
+def block_tokens(token_ids: Sequence[int], i: int, block_size: int = BLOCK_SIZE) -> tuple[int, ...]:
+    """The token ids of block ``i``: positions ``[i * block_size, (i + 1) * block_size)``.
+
+    NOTE: the one place a block is sliced out of a sequence, so hashing, saving, verifying and
+    explaining always agree on which tokens a block holds. Fewer than ``block_size`` ids come
+    back only for a partial last block, which is never hashed, stored or served.
+    """
+    return tuple(token_ids[i * block_size : (i + 1) * block_size])
+
+
+def reusable_tokens(num_tokens: int, cached_blocks: int, block_size: int = BLOCK_SIZE) -> int:
+    """How many leading tokens of an ``num_tokens``-token prompt are taken from ``cached_blocks``
+    cached leading blocks: ``min(block_size * cached_blocks, num_tokens - 1)`` (0 for an empty
+    prompt).
+
+    NOTE: capped at n - 1 so the last prompt token is always computed: its logits are what the
+    first generated token is sampled from. A fully cached prompt whose length is a multiple of
+    the block size reuses all but the last token of its last block and computes exactly one
+    token; no token is ever fed twice. This is also what ``cached_tokens`` reports.
+    """
+    return max(0, min(block_size * cached_blocks, num_tokens - 1))
+
+
 def block_hashes(
     token_ids: Sequence[int], namespace: Namespace, block_size: int = BLOCK_SIZE
 ) -> list[BlockHash]:
@@ -84,7 +107,7 @@ def block_hashes(
     hashes: list[BlockHash] = []
     parent: bytes = namespace
     for i in range(num_full_blocks(len(token_ids), block_size)):
-        block = token_ids[i * block_size : (i + 1) * block_size]
+        block = block_tokens(token_ids, i, block_size)
         parent = xxhash.xxh3_128_digest(parent + encode_token_ids(block))
         hashes.append(BlockHash(parent))
     return hashes

@@ -1,4 +1,4 @@
-"""The ``kvproxy`` command line: ``serve``, ``models`` and ``cache``.
+"""The ``kvproxy`` command line: ``serve``, ``models``, ``cache`` and ``bench`` (``bench.cli``).
 
 Every field of ``Settings`` is a flag of the same name (``ttl`` -> ``--ttl``, ``no_cache`` ->
 ``--no-cache``); a flag given wins over the ``KVPROXY_*`` environment variable.
@@ -12,12 +12,12 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import BeforeValidator, ValidationError
 
+from bench.cli import bench
 from engine.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
 from proxy.config import Settings
 
@@ -35,8 +35,8 @@ def settings_options(func: Callable[..., Any]) -> Callable[..., Any]:
         else:
             # NOTE: sizes ("20MB") and other validated fields stay strings for pydantic to parse
             parsed = any(isinstance(m, BeforeValidator) for m in field.metadata)
-            plain = None if parsed else field.annotation
-            kind = {int: click.INT, float: click.FLOAT}.get(plain, click.STRING)  # type: ignore[call-overload]
+            kinds: dict[object, click.ParamType] = {int: click.INT, float: click.FLOAT}
+            kind = click.STRING if parsed else kinds.get(field.annotation, click.STRING)
             func = click.option(flag, name, type=kind, default=None, help=help_text)(func)
     return func
 
@@ -127,24 +127,17 @@ def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def open_store(**flags: Any) -> tuple[Any, Any]:
-    """The index and blob store the settings point at; exits 1 when Redis does not answer."""
-    import redis
-
-    from proxy.app import redis_client
-    from store.blobs import BlobStore
-    from store.index import RedisIndex
+def open_admin(**flags: Any) -> Any:
+    """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis does not
+    answer."""
+    from proxy.stores import open_admin as open_store_admin
 
     settings = load_settings(**flags)
-    index = RedisIndex(redis_client(settings), settings.key_prefix)
-    try:
-        index.ping()
-    except redis.RedisError as exc:
-        click.echo(
-            f"kvproxy: Redis at {settings.redis_url} is unreachable ({exc}); set --redis-url", err=True
-        )
+    admin = open_store_admin(settings)
+    if admin.health() != "ok":
+        click.echo(f"kvproxy: Redis at {settings.redis_url} is unreachable; set --redis-url", err=True)
         sys.exit(1)
-    return index, BlobStore(settings.blob_root)
+    return admin
 
 
 @main.group()
@@ -156,12 +149,7 @@ def cache() -> None:
 @cache_options
 def cache_stats(**flags: Any) -> None:
     """Deployment-wide counters, blocks and bytes, as JSON."""
-    from store.stats import SharedStats
-
-    index, blobs = open_store(**flags)
-    totals = SharedStats(index.client, index.key_prefix).totals()
-    stored = {"blocks": index.num_blocks(), "bytes": index.total_bytes(), "disk_bytes": blobs.used_bytes()}
-    click.echo(json.dumps(totals | stored, indent=2, sort_keys=True))
+    click.echo(json.dumps(open_admin(**flags).deployment_stats(), indent=2, sort_keys=True))
 
 
 @cache.command("gc")
@@ -171,10 +159,7 @@ def cache_stats(**flags: Any) -> None:
 )
 def cache_gc(grace: float, **flags: Any) -> None:
     """Reconcile index and blob store: reclaim expired, orphaned and unindexed blocks."""
-    from store.gc import collect
-
-    index, blobs = open_store(**flags)
-    click.echo(json.dumps(dataclasses.asdict(collect(index, blobs, grace)), indent=2))
+    click.echo(json.dumps(dataclasses.asdict(open_admin(**flags).gc(grace)), indent=2))
 
 
 @cache.command("clear")
@@ -182,107 +167,12 @@ def cache_gc(grace: float, **flags: Any) -> None:
 @click.option("--namespace", default=None, help="Only this namespace (32 hex digits).")
 def cache_clear(namespace: str | None, **flags: Any) -> None:
     """Remove every cached block, or one namespace's."""
-    from store.gc import clear
-
     if namespace is not None and not re.fullmatch(r"[0-9a-f]{32}", namespace):
         raise click.BadParameter("a namespace is 32 lowercase hex digits", param_hint="--namespace")
-    index, blobs = open_store(**flags)
-    click.echo(json.dumps({"removed_blocks": clear(index, blobs, namespace)}))
+    click.echo(json.dumps({"removed_blocks": open_admin(**flags).clear(namespace)}))
 
 
-@main.command()
-@click.option(
-    "--base-url", default="http://127.0.0.1:8000/v1", show_default=True, help="Any OpenAI-compatible /v1 URL."
-)
-@click.option("--model", default="smollm2-135m-instruct", show_default=True)
-@click.option("--api-key", default="unused", envvar="OPENAI_API_KEY", help="Bearer key [env OPENAI_API_KEY]")
-@click.option(
-    "--workload",
-    "names",
-    multiple=True,
-    default=["all"],
-    show_default=True,
-    type=click.Choice(["all", "shared", "multiturn", "docqa", "control"]),
-)
-@click.option("--prefix-tokens", default="512,1024,2048,4096", show_default=True, help="Shared-prefix sizes.")
-@click.option(
-    "--order", default="all", show_default=True, type=click.Choice(["all", "random", "tile", "interleave"])
-)
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64))
-@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1))
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option(
-    "--json", "json_path", default=None, help="Also write the results (every request) as JSON here."
-)
-def bench(
-    base_url: str,
-    model: str,
-    api_key: str,
-    names: tuple[str, ...],
-    prefix_tokens: str,
-    order: str,
-    concurrency: int,
-    max_tokens: int,
-    seed: int,
-    json_path: str | None,
-) -> None:
-    """Measure TTFT, latency, throughput and cache hits of reproducible workloads."""
-    from openai import OpenAI
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from proxy import benchmark
-
-    sizes = [int(n) for n in prefix_tokens.split(",") if n.strip()]
-    chosen = benchmark.workloads(list(names), seed, sizes, order)
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
-    summaries = []
-    with Progress(console=Console(stderr=True)) as progress:
-        for workload in chosen:
-            total = sum(len(s.turns) for s in workload.sessions)
-            task = progress.add_task(workload.name, total=total)
-            summaries.append(
-                benchmark.run(
-                    client,
-                    model,
-                    workload,
-                    concurrency=concurrency,
-                    max_tokens=max_tokens,
-                    on_result=lambda _r, t=task: progress.advance(t),
-                )
-            )
-    table = Table(title=f"kvproxy bench: {base_url} (concurrency {concurrency}, seed {seed})")
-    for column in (
-        "workload",
-        "requests",
-        "TTFT p50 s",
-        "TTFT p95 s",
-        "latency p50 s",
-        "latency p95 s",
-        "output tok/s",
-        "prompt tok",
-        "cached tok",
-        "hit rate",
-    ):
-        table.add_column(column, justify="left" if column == "workload" else "right")
-    for s in summaries:
-        table.add_row(
-            s.workload,
-            str(s.requests),
-            f"{s.ttft_p50_s:.3f}",
-            f"{s.ttft_p95_s:.3f}",
-            f"{s.latency_p50_s:.3f}",
-            f"{s.latency_p95_s:.3f}",
-            f"{s.output_tokens_per_s:.1f}",
-            str(s.prompt_tokens),
-            str(s.cached_tokens),
-            f"{s.hit_rate:.1%}",
-        )
-    Console(width=max(160, Console().width)).print(table)
-    if json_path:
-        Path(json_path).write_text(benchmark.to_json(summaries))
-
+main.add_command(bench)
 
 if __name__ == "__main__":
     main()

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     ram_cache_bytes: Bytes = Field(
         1024**3, ge=0, description="Byte budget of the in-process RAM tier of hot blocks (0: none)."
     )
+    cache_read_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds a request waits for its cached blocks to be read before it is computed "
+        "as a miss instead (a stuck disk or mount).",
+    )
 
     @property
     def blob_root(self) -> Path:

@@ -14,62 +14,51 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from engine.worker import Engine, PrefillDone
-from hashing import BLOCK_SIZE
-from proxy.metrics import cache_kind
-from store.cache import BlockCache
-from store.report import divergence
+from engine.loading import LoadedModel
+from engine.requests import PrefillDone
+from hashing import BLOCK_SIZE, num_full_blocks
+from store.interface import CacheAdmin
+from store.outcomes import MissReason
 
 EXPLAIN_HEADER = "x-kvproxy-explain"
 EXPLANATION_FIELD = "kvproxy_cache_explanation"
 EXCERPT_TOKENS = 8
 
+# NOTE: no divergence for these: nothing was compared, or the cache could not be asked.
+_NOTHING_TO_COMPARE = (MissReason.BELOW_ONE_BLOCK, MissReason.PARTIAL_LAST_BLOCK, MissReason.UNAVAILABLE)
+
 
 def cache_headers(done: PrefillDone) -> dict[str, str]:
-    return {"x-kvproxy-cache": cache_kind(done), "x-kvproxy-cached-tokens": str(done.cached_tokens)}
-
-
-def first_miss(done: PrefillDone) -> tuple[int | None, str | None]:
-    """The first block not served from the cache and why: ``below one block``, ``partial last
-    block``, or the lookup's reason (``never seen``, ``expired or evicted``, ``failed
-    verification``, ``cache unavailable``, ``cache disabled``); ``(None, None)`` when every
-    prompt token but the last came from the cache."""
-    n, full = done.prompt_tokens, done.prompt_tokens // BLOCK_SIZE
-    if full == 0:
-        return 0, "below one block"
-    if done.cached_blocks < full:
-        return done.cached_blocks, done.miss_reason or "never seen"
-    if n % BLOCK_SIZE:
-        return full, "partial last block"
-    return None, None
+    return {"x-kvproxy-cache": done.kind, "x-kvproxy-cached-tokens": str(done.cached_tokens)}
 
 
 async def explain(
-    engine: Engine, cache: BlockCache | None, tenant: str, prompt_ids: Sequence[int], done: PrefillDone
+    loaded: LoadedModel, cache: CacheAdmin | None, tenant: str, prompt_ids: Sequence[int], done: PrefillDone
 ) -> dict[str, Any]:
     """The explanation of one request's cache outcome (see the module docstring)."""
-    block, reason = first_miss(done)
+    block, reason = done.first_miss
     out: dict[str, Any] = {
-        "cache": cache_kind(done),
+        "cache": done.kind,
         "prompt_tokens": done.prompt_tokens,
         "cached_tokens": done.cached_tokens,
-        "prompt_blocks": done.prompt_tokens // BLOCK_SIZE,
+        "prompt_blocks": num_full_blocks(done.prompt_tokens),
         "blocks_matched": done.cached_blocks,
         "first_unmatched_block": block,
         "reason": reason,
         "divergence": None,
+        "load_seconds": round(done.load_s, 6),
+        "prefill_seconds": round(done.prefill_s, 6),
     }
     # NOTE: no divergence for block 0: comparing with an unrelated first block says nothing, and
     # would show text of other requests to a client that knows none of the prompt.
-    skip = ("below one block", "partial last block", "cache unavailable")
-    if cache is None or not block or reason in skip:
+    if cache is None or not block or reason in _NOTHING_TO_COMPARE:
         return out
-    found = await run_in_threadpool(divergence, cache, engine.namespace(tenant), prompt_ids, block)
+    found = await run_in_threadpool(cache.divergence, loaded.namespace(tenant), prompt_ids, block)
     if found is not None:
         position, sibling = found
         cached_seq = list(prompt_ids[: block * BLOCK_SIZE]) + sibling
         span = slice(max(0, position - EXCERPT_TOKENS), position + EXCERPT_TOKENS)
-        decode = engine.loaded.tokenizer.decode
+        decode = loaded.tokenizer.decode
         out["divergence"] = {
             "token_position": position,
             "cached": decode(cached_seq[span]),

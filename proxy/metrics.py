@@ -1,20 +1,17 @@
-"""What the server measures: Prometheus metrics (``/metrics``) and the per-request records behind
-``/stats`` and the dashboard.
+"""What the server measures: Prometheus metrics (``/metrics``), and the per-request records behind
+``/stats`` and the dashboard (``proxy.records``).
 
-Metric names follow vLLM where one exists: ``kvproxy_prefix_cache_queries_total`` and
+Metric names follow vLLM's meaning where one exists: ``kvproxy_prefix_cache_queries_total`` and
 ``kvproxy_prefix_cache_hits_total`` count *tokens* looked up and found, as vLLM's
 ``prefix_cache_queries``/``prefix_cache_hits`` do. Label values are bounded: routes, status codes,
-hit/partial/miss, eviction reasons, store operations; never prompts, hashes or tenants.
+``CacheKind``, ``EvictionReason``, store operations; never prompts, hashes or tenants.
 """
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -22,44 +19,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.worker import Engine, PrefillDone
-from hashing import BLOCK_SIZE
-from store import report
-from store.cache import BlockCache
+from engine.requests import PrefillDone
+from engine.worker import Engine
+from proxy.records import RequestLog, RequestRecord
+from store.interface import CacheAdmin
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-KEEP_RECORDS = 20_000
-
-
-def cache_kind(done: PrefillDone) -> str:
-    """``hit`` when every full block of the prompt came from the cache, ``partial`` when some
-    did, ``miss`` when none did (a prompt under one block is always a miss)."""
-    full = done.prompt_tokens // BLOCK_SIZE
-    if done.cached_blocks == 0:
-        return "miss"
-    return "hit" if done.cached_blocks >= full else "partial"
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One answered request, as the stats see it (kept in memory, this process only)."""
-
-    at: float  # Unix time of the first token
-    namespace: str  # hex: the tenant's cache namespace
-    prompt_tokens: int
-    cached_tokens: int
-    ttft_s: float
-    kind: str
-    reason: str | None
-    prefill_s: float
-    saved_s: float
 
 
 class Metrics:
     """The metrics of one app (its own Prometheus registry, so several apps can share a process)."""
 
-    def __init__(self, engine: Engine, cache: BlockCache | None) -> None:
-        self.engine, self.cache = engine, cache
+    def __init__(self, engine: Engine, cache: CacheAdmin | None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "kvproxy_requests",
@@ -85,14 +56,13 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_EngineAndStoreCollector(engine, cache))
-        self.records: deque[RequestRecord] = deque(maxlen=KEEP_RECORDS)
+        self.log = RequestLog()
         self._seconds_per_token: float | None = None
         self._lock = threading.Lock()
 
-    def observe(self, namespace_hex: str, done: PrefillDone, started: float, reason: str | None) -> None:
+    def observe(self, namespace_hex: str, done: PrefillDone, started: float) -> None:
         """Record a request whose first token is out now; ``started`` is its arrival (monotonic)."""
         ttft = time.monotonic() - started
-        kind = cache_kind(done)
         prefilled = done.prompt_tokens - done.cached_tokens
         with self._lock:
             if prefilled >= 32:  # NOTE: short prefills are dominated by overheads, not per-token cost
@@ -100,84 +70,38 @@ class Metrics:
                 previous = self._seconds_per_token
                 self._seconds_per_token = rate if previous is None else 0.8 * previous + 0.2 * rate
             saved = done.cached_tokens * (self._seconds_per_token or 0.0)
-            self.records.append(
-                RequestRecord(
-                    time.time(),
-                    namespace_hex,
-                    done.prompt_tokens,
-                    done.cached_tokens,
-                    ttft,
-                    kind,
-                    reason,
-                    done.prefill_s,
-                    saved,
-                )
-            )
-        self.ttft.labels(kind).observe(ttft)
+        record = RequestRecord(
+            time.time(),
+            namespace_hex,
+            done.prompt_tokens,
+            done.cached_tokens,
+            ttft,
+            done.kind,
+            done.first_miss[1],
+            done.prefill_s,
+            saved,
+        )
+        self.log.add(record)
+        self.ttft.labels(done.kind).observe(ttft)
         self.prefill_seconds.inc(done.prefill_s)
         self.prefill_saved.inc(saved)
-
-    def summary(self, namespace_hex: str | None) -> dict[str, Any]:
-        """This process's figures for one namespace (a tenant) or all: totals, hit rate over the
-        last minute and hour, TTFT p50/p95 by cache outcome, and the recent misses."""
-        now = time.time()
-        with self._lock:
-            mine = [r for r in self.records if namespace_hex is None or r.namespace == namespace_hex]
-
-        def window(seconds: float) -> dict[str, Any]:
-            rs = [r for r in mine if r.at >= now - seconds]
-            queried, hit = sum(r.prompt_tokens for r in rs), sum(r.cached_tokens for r in rs)
-            return {
-                "queried_tokens": queried,
-                "hit_tokens": hit,
-                "hit_rate": hit / queried if queried else None,
-            }
-
-        def ttft(kind: str) -> dict[str, Any]:
-            values = sorted(r.ttft_s for r in mine if r.kind == kind and r.at >= now - 3600)
-            if not values:
-                return {"count": 0, "p50": None, "p95": None}
-            p95 = statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
-            return {"count": len(values), "p50": statistics.median(values), "p95": p95}
-
-        misses = [r for r in mine if r.kind != "hit"][-20:]
-        return {
-            "requests": len(mine),
-            "prompt_tokens": sum(r.prompt_tokens for r in mine),
-            "cached_tokens": sum(r.cached_tokens for r in mine),
-            "prefill_seconds": sum(r.prefill_s for r in mine),
-            "prefill_seconds_saved": sum(r.saved_s for r in mine),
-            "last_minute": window(60),
-            "last_hour": window(3600),
-            "ttft_seconds": {kind: ttft(kind) for kind in ("hit", "partial", "miss")},
-            "recent_misses": [
-                {
-                    "at": r.at,
-                    "prompt_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens,
-                    "cache": r.kind,
-                    "reason": r.reason,
-                }
-                for r in reversed(misses)
-            ],
-        }
 
 
 class _EngineAndStoreCollector(Collector):
     """Reads the engine's and the cache's own counters at scrape time."""
 
-    def __init__(self, engine: Engine, cache: BlockCache | None) -> None:
+    def __init__(self, engine: Engine, cache: CacheAdmin | None) -> None:
         self.engine, self.cache = engine, cache
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        e = self.engine.stats
+        e = self.engine.stats()
+        queries = e.prompt_tokens if self.cache is not None else 0
         yield CounterMetricFamily(
             "kvproxy_prompt_tokens", "Prompt tokens of answered requests", value=e.prompt_tokens
         )
         yield CounterMetricFamily(
             "kvproxy_prefill_tokens", "Prompt tokens computed (not from the cache)", value=e.prefill_tokens
         )
-        queries = e.prompt_tokens if self.cache is not None else 0
         yield CounterMetricFamily(
             "kvproxy_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", value=queries
         )
@@ -192,7 +116,7 @@ class _EngineAndStoreCollector(Collector):
         )
         if self.cache is None:
             return
-        s = self.cache.stats
+        s = self.cache.stats()
         yield CounterMetricFamily(
             "kvproxy_cache_blocks_stored", "Blocks written to the cache", value=s.blocks_saved
         )
@@ -203,26 +127,17 @@ class _EngineAndStoreCollector(Collector):
             "kvproxy_cache_ram_tier_hits", "Blocks served from the RAM tier", value=s.blocks_from_ram
         )
         yield GaugeMetricFamily(
-            "kvproxy_cache_ram_tier_bytes", "K/V bytes held in the RAM tier", value=self.cache.ram.used_bytes
+            "kvproxy_cache_ram_tier_bytes", "K/V bytes held in the RAM tier", value=s.ram_tier_bytes
         )
-        yield _by_label(
-            "kvproxy_cache_blocks_evicted",
-            "Blocks removed, by reason",
-            "reason",
-            [
-                ("ttl", s.evicted_ttl),
-                ("budget", s.evicted_budget),
-                ("verification_failure", s.verification_failures),
-                ("gc", s.evicted_gc + s.evicted_orphan),
-            ],
-        )
-        yield _by_label(
-            "kvproxy_cache_store_errors",
-            "Cache store errors by operation",
-            "operation",
-            [("redis", s.redis_errors), ("write", s.save_errors), ("queue_full", s.saves_dropped)],
-        )
-        held = report.stored(self.cache)
+        yield _by_label("kvproxy_cache_blocks_evicted", "Blocks removed, by reason", "reason", s.evictions)
+        errors = {
+            "redis": s.redis_errors,
+            "write": s.save_errors,
+            "queue_full": s.saves_dropped,
+            "read_timeout": s.read_timeouts,
+        }
+        yield _by_label("kvproxy_cache_store_errors", "Cache store errors by operation", "operation", errors)
+        held = self.cache.usage()
         yield GaugeMetricFamily(
             "kvproxy_redis_up", "1 when the Redis index answers", value=0 if held is None else 1
         )
@@ -231,10 +146,10 @@ class _EngineAndStoreCollector(Collector):
             yield GaugeMetricFamily("kvproxy_cache_blob_bytes", "Bytes in the blob store", value=held[1])
 
 
-def _by_label(name: str, doc: str, label: str, values: list[tuple[str, int]]) -> CounterMetricFamily:
-    """A counter with one sample per ``(label value, count)``."""
+def _by_label(name: str, doc: str, label: str, values: Mapping[Any, int]) -> CounterMetricFamily:
+    """A counter with one sample per ``{label value: count}``."""
     family = CounterMetricFamily(name, doc, labels=[label])
-    for label_value, count in values:
+    for label_value, count in values.items():
         family.add_metric([label_value], count)
     return family
 

@@ -4,6 +4,9 @@ Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (docs/des
 Writes go to a temporary file in the same directory, are fsynced, then hard-linked into place,
 so a reader (in this or another process) sees either no file or a complete one, and a blob once
 placed is never modified: a second writer of the same block keeps the first file.
+
+Every blob access of the cache (lookup, writer, garbage collector, clear) goes through this
+class, by block name; nothing else builds a path.
 """
 
 from __future__ import annotations
@@ -30,28 +33,35 @@ def _open_nonblocking(path: str, flags: int) -> int:
 
 
 @dataclass(frozen=True)
-class BlobFile:
-    """A file found under the blob root: a blob (``member`` set) or a writer's temporary file."""
+class BlobInfo:
+    """A stored object found by ``scan``: a block's blob (``block_hash`` set) or a writer's
+    leftover temporary file (``block_hash`` None)."""
 
-    path: Path
-    member: str | None  # ``{namespace_hex}:b:{hash_hex}`` for a blob
+    name: str  # the object's name relative to the root
+    namespace_hex: str
+    block_hash: BlockHash | None
     age_s: float  # seconds since last modified
     size: int  # bytes
 
 
 class BlobStore:
-    """Files of blocks under ``root``; safe to share between processes."""
+    """Files of blocks under ``root``; safe to share between processes (also over NFS-style
+    shared volumes: only create-if-absent links, reads and deletes are used)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
-    def relative_path(self, namespace: Namespace, block_hash: BlockHash) -> str:
-        """Location of a block's blob, relative to ``root`` (what the index records)."""
+    def name(self, namespace: Namespace, block_hash: BlockHash) -> str:
+        """Where a block's blob lives, relative to ``root`` (what the index records)."""
         h = block_hash.hex()
         return f"{namespace.hex()}/{h[:2]}/{h}{BLOB_SUFFIX}"
 
-    def write(self, relative_path: str, data: bytes) -> bool:
-        """Atomically place ``data`` (bytes) at ``relative_path`` unless a blob is already there.
+    def path(self, namespace: Namespace, block_hash: BlockHash) -> Path:
+        """The file of a block's blob."""
+        return self.root / self.name(namespace, block_hash)
+
+    def write(self, namespace: Namespace, block_hash: BlockHash, data: bytes) -> bool:
+        """Atomically place ``data`` as the block's blob unless one is already there.
 
         Returns:
             False when a blob already existed (it is left untouched).
@@ -59,7 +69,7 @@ class BlobStore:
         Raises:
             OSError: the directory is not writable, the disk is full, ...; no partial file is left.
         """
-        path = self.root / relative_path
+        path = self.path(namespace, block_hash)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         try:
             for attempt in (1, 2):  # the garbage collector may remove an empty directory meanwhile
@@ -84,8 +94,8 @@ class BlobStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def read(self, relative_path: str) -> bytes:
-        """The bytes of a blob.
+    def read(self, namespace: Namespace, block_hash: BlockHash) -> bytes:
+        """The bytes of a block's blob.
 
         NOTE: only a regular file is read: a FIFO or device put in a blob's place would block the
         engine forever, a directory would never heal.
@@ -93,44 +103,68 @@ class BlobStore:
         Raises:
             OSError: the blob is missing, unreadable or not a regular file.
         """
-        path = self.root / relative_path
+        path = self.path(namespace, block_hash)
         with open(path, "rb", opener=_open_nonblocking) as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", str(path))
             return f.read()
 
-    def delete(self, relative_path: str) -> None:
-        """Remove a blob (whatever stands in its place); a missing one is not an error."""
-        path = self.root / relative_path
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+    def exists(self, namespace: Namespace, block_hash: BlockHash) -> bool:
+        """Whether something stands where the block's blob belongs."""
+        return self.path(namespace, block_hash).exists()
 
-    def scan(self) -> Iterator[BlobFile]:
-        """Every blob and temporary file under the root (a file vanishing meanwhile is skipped)."""
+    def size(self, namespace: Namespace, block_hash: BlockHash) -> int | None:
+        """Bytes of the block's blob, or None when there is none."""
+        try:
+            return self.path(namespace, block_hash).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def delete(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        """Remove a block's blob (whatever stands in its place); a missing one is not an error."""
+        self._remove(self.path(namespace, block_hash))
+
+    def scan(self, namespace_hex: str | None = None) -> Iterator[BlobInfo]:
+        """Every blob and temporary file under the root, or under one namespace (a file vanishing
+        meanwhile is skipped)."""
         now = time.time()
-        for path in self.root.glob("*/*/*"):
+        for path in self.root.glob(f"{namespace_hex or '*'}/*/*"):
             try:
                 st = path.stat()
             except FileNotFoundError:
                 continue
             if path.name.endswith(BLOB_SUFFIX) and not path.name.startswith("."):
-                member = f"{path.parent.parent.name}:b:{path.name.removesuffix(BLOB_SUFFIX)}"
+                try:
+                    hex_name = path.name.removesuffix(BLOB_SUFFIX)
+                    block_hash: BlockHash | None = BlockHash(bytes.fromhex(hex_name))
+                except ValueError:
+                    continue  # not a name we write
             elif path.name.endswith(TEMP_SUFFIX):
-                member = None
+                block_hash = None
             else:
                 continue
-            yield BlobFile(path, member, now - st.st_mtime, st.st_size)
+            name = path.relative_to(self.root).as_posix()
+            yield BlobInfo(name, path.parent.parent.name, block_hash, now - st.st_mtime, st.st_size)
 
-    def remove_empty_dirs(self) -> None:
-        """Remove empty directories under the root (never the root itself)."""
-        for directory in sorted(self.root.glob("*/*"), reverse=True) + sorted(self.root.glob("*")):
+    def remove(self, blob: BlobInfo) -> None:
+        """Remove what ``scan`` found."""
+        self._remove(self.root / blob.name)
+
+    def used_bytes(self) -> int:
+        """Bytes of every object under the root."""
+        return sum(f.size for f in self.scan())
+
+    def _remove(self, path: Path) -> None:
+        """Remove a file (or whatever stands in its place), then the directories it leaves empty
+        (never the root; a writer that loses its directory meanwhile makes it again)."""
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        for directory in (path.parent, path.parent.parent):
+            if directory == self.root:
+                break
             try:
                 directory.rmdir()
             except OSError:
-                pass  # not empty, not a directory, or gone
-
-    def used_bytes(self) -> int:
-        """Bytes of every file under the root."""
-        return sum(f.size for f in self.scan())
+                break  # not empty, or gone

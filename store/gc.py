@@ -4,118 +4,139 @@ What it reclaims, and why each can exist:
 - **expired**: an index entry's TTL ran out (Redis deleted it); its LRU member, size record and
   blob remain until collected.
 - **orphan**: an entry whose parent entry is gone. Lookups stop at the first missing block, so it
-  can never be served; it only holds disk.
-- **missing blob**: an entry whose blob file was deleted outside kvproxy.
-- **unindexed blob**: a file no entry accounts for (Redis restarted empty, a publish failed, a
+  can never be served; it only holds storage.
+- **missing blob**: an entry whose blob was deleted outside kvproxy.
+- **unindexed blob**: a blob no entry accounts for (Redis restarted empty, a publish failed, a
   writer crashed). Only after ``grace_s`` seconds, so a blob written but not yet published is safe.
 
-Nothing here depends on Redis keyspace notifications; running it in several processes at once is
-safe (every index change is an atomic script; deleting a file twice is harmless).
+Every blob access goes through ``BlobStore``. Nothing here depends on Redis keyspace
+notifications; running it in several processes at once is safe (every index change is an atomic
+script; deleting a blob twice is harmless). ``GarbageCollector`` runs it on a timer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import threading
+from collections.abc import Callable
 
-from store.blobs import BlobStore
-from store.index import RedisIndex, parse_member
+from hashing import Namespace
+from store.blobs import BlobInfo, BlobStore
+from store.entries import member_name, parse_member
+from store.parts import BlockIndex
+from store.stats import GcReport
 
+log = logging.getLogger(__name__)
 
-@dataclass
-class GcReport:
-    """What one collection removed (blocks) and freed (bytes on disk)."""
-
-    expired: int = 0
-    orphans: int = 0
-    missing_blobs: int = 0
-    unindexed_blobs: int = 0
-    temp_files: int = 0
-    bytes_freed: int = 0
+BATCH = 1000
 
 
-def collect(index: RedisIndex, blobs: BlobStore, grace_s: float) -> GcReport:
-    """One pass over the index, then over the blob directory.
+def collect(index: BlockIndex, blobs: BlobStore, grace_s: float) -> GcReport:
+    """One pass over the index, then over the blob store.
 
     Raises:
         redis.RedisError: Redis failed; whatever was reclaimed so far stays reclaimed.
     """
-    report = GcReport()
+    tally = GcReport()
     # NOTE: removing an orphan orphans its children: repeat until a pass finds none.
     for _ in range(64):
-        orphans_before = report.orphans
-        _collect_index(index, blobs, report)
-        if report.orphans == orphans_before:
+        orphans_before = tally.orphans
+        _collect_index(index, blobs, tally)
+        if tally.orphans == orphans_before:
             break
-    _collect_files(index, blobs, grace_s, report)
-    return report
+    _collect_blobs(index, blobs, grace_s, tally)
+    return tally
 
 
-def _collect_index(index: RedisIndex, blobs: BlobStore, report: GcReport) -> None:
-    for members in index.members():
+def _collect_index(index: BlockIndex, blobs: BlobStore, tally: GcReport) -> None:
+    for members in index.members(BATCH):
         entries = index.entries(members)
         gone = [m for m, e in zip(members, entries, strict=True) if e is None]
-        report.expired += len(_forget(index, blobs, gone, force=False, report=report))
+        tally.expired += len(_forget(index, blobs, gone, force=False, tally=tally))
 
-        alive = [(m, e) for m, e in zip(members, entries, strict=True) if e is not None]
-        no_blob = [m for m, e in alive if not (blobs.root / e.blob).exists()]
-        report.missing_blobs += len(_forget(index, blobs, no_blob, force=True, report=report))
+        alive = [m for m, e in zip(members, entries, strict=True) if e is not None]
+        no_blob = [m for m in alive if not blobs.exists(*parse_member(m))]
+        tally.missing_blobs += len(_forget(index, blobs, no_blob, force=True, tally=tally))
 
-        with_parent = [(m, e) for m, e in alive if e.parent and m not in no_blob]
+        with_parent = [
+            (m, e)
+            for m, e in zip(members, entries, strict=True)
+            if e is not None and e.parent and m not in no_blob
+        ]
         parents = [f"{m.split(':')[0]}:b:{e.parent}" for m, e in with_parent]
         parent_entries = index.entries(parents)
         orphans = [m for (m, _), p in zip(with_parent, parent_entries, strict=True) if p is None]
-        report.orphans += len(_forget(index, blobs, orphans, force=True, report=report))
+        tally.orphans += len(_forget(index, blobs, orphans, force=True, tally=tally))
 
 
-def _collect_files(index: RedisIndex, blobs: BlobStore, grace_s: float, report: GcReport) -> None:
-    files = [f for f in blobs.scan() if f.age_s > grace_s]
-    for f in [f for f in files if f.member is None]:
-        f.path.unlink(missing_ok=True)
-        report.temp_files += 1
-        report.bytes_freed += f.size
-    candidates = [f for f in files if f.member is not None]
-    for start in range(0, len(candidates), 1000):
-        batch = candidates[start : start + 1000]
-        known = index.known([f.member for f in batch if f.member])
-        for f, is_known in zip(batch, known, strict=True):
+def _collect_blobs(index: BlockIndex, blobs: BlobStore, grace_s: float, tally: GcReport) -> None:
+    old = [b for b in blobs.scan() if b.age_s > grace_s]
+    for temp in [b for b in old if b.block_hash is None]:
+        blobs.remove(temp)
+        tally.temp_files += 1
+        tally.bytes_freed += temp.size
+    candidates = [b for b in old if b.block_hash is not None]
+    for start in range(0, len(candidates), BATCH):
+        batch = candidates[start : start + BATCH]
+        for blob, is_known in zip(batch, index.known([_member(b) for b in batch]), strict=True):
             if not is_known:
-                f.path.unlink(missing_ok=True)
-                report.unindexed_blobs += 1
-                report.bytes_freed += f.size
-    blobs.remove_empty_dirs()
+                blobs.remove(blob)
+                tally.unindexed_blobs += 1
+                tally.bytes_freed += blob.size
+
+
+def _member(blob: BlobInfo) -> str:
+    assert blob.block_hash is not None
+    return member_name(Namespace(bytes.fromhex(blob.namespace_hex)), blob.block_hash)
 
 
 def _forget(
-    index: RedisIndex, blobs: BlobStore, members: list[str], *, force: bool, report: GcReport
+    index: BlockIndex, blobs: BlobStore, members: list[str], *, force: bool, tally: GcReport
 ) -> list[str]:
     """Reclaim ``members`` in the index, then delete their blobs."""
     removed = index.reclaim(members, force=force)
     for member in removed:
-        path = blobs.root / blobs.relative_path(*parse_member(member))
-        try:
-            report.bytes_freed += path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        namespace, block_hash = parse_member(member)
+        tally.bytes_freed += blobs.size(namespace, block_hash) or 0
+        blobs.delete(namespace, block_hash)
     return removed
 
 
-def clear(index: RedisIndex, blobs: BlobStore, namespace_hex: str | None = None) -> int:
-    """Remove every block (or every block of one namespace) from the index and the disk.
+def clear(index: BlockIndex, blobs: BlobStore, namespace_hex: str | None = None) -> int:
+    """Remove every block (or every block of one namespace) from the index and the blob store.
 
     Returns:
-        How many indexed blocks were removed (files without entries are removed too).
+        How many indexed blocks were removed (blobs without entries are removed too).
 
     Raises:
         redis.RedisError: Redis failed.
     """
-    report = GcReport()
+    tally = GcReport()
     removed = 0
-    for members in index.members():
+    for members in index.members(BATCH):
         chosen = [m for m in members if namespace_hex is None or m.startswith(f"{namespace_hex}:")]
-        removed += len(_forget(index, blobs, chosen, force=True, report=report))
-    for f in blobs.scan():
-        if namespace_hex is None or f.path.parent.parent.name == namespace_hex:
-            f.path.unlink(missing_ok=True)
-    blobs.remove_empty_dirs()
+        removed += len(_forget(index, blobs, chosen, force=True, tally=tally))
+    for blob in list(blobs.scan(namespace_hex)):
+        blobs.remove(blob)
     return removed
+
+
+class GarbageCollector:
+    """Runs ``collect_once()`` every ``interval_s`` seconds on a daemon thread until stopped."""
+
+    def __init__(self, collect_once: Callable[[], object], interval_s: float) -> None:
+        self._collect_once, self.interval_s = collect_once, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvproxy-gc", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._collect_once()
+            except OSError as exc:
+                log.warning("garbage collection failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)

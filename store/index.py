@@ -11,144 +11,32 @@ prefix, ``{namespace_hex}:b:{hash_hex}``):
     ``{prefix}{ns}:s:{hash}``  "seen": a block was stored once (kept a week), to tell a miss on
                           a block never seen from one on a block that expired or was evicted
     ``{prefix}{ns}:c:{parent_hex or "root"}``  set of child hashes, to find where a prompt diverged
-    (``store.stats`` keeps the deployment-wide counters under ``{prefix}stats`` and ``{prefix}tok:``)
+    (``store.counters`` keeps the deployment-wide counters under ``{prefix}stats`` and ``{prefix}tok:``)
 
-Redis never holds tensors. Every change to these keys is one Lua script, so several processes can
-share them: a lookup, a publish, an eviction and a reclaim are each atomic and one round trip.
+Redis never holds tensors. Every change to these keys is one Lua script (``store.scripts``), so
+several processes can share them: a lookup, a publish, an eviction and a reclaim are each atomic
+and one round trip.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import redis
 
 from hashing import BlockHash, Namespace
+from store import scripts
+from store.counters import SharedCounters
+from store.entries import IndexEntry, member_name
 
 SEEN_TTL_S = 7 * 86_400
-
-# NOTE: EXPIRE ... GT (Redis >= 7) refreshes a TTL but never shortens one, so a block stored with
-# a longer retention keeps it when a request with the default TTL hits it. Scores: the time of the
-# request (the caller's clock), a block deeper in the chain one microsecond "older", so the blocks
-# one request used or stored are evicted tail first.
-_MATCH = """
-local now = tonumber(ARGV[4])
-local plen = tonumber(ARGV[3])
-local entries = {}
-local seen = 0
-for i, key in ipairs(KEYS) do
-  local entry = redis.call('GET', key)
-  if not entry then
-    local member = string.sub(key, plen + 1)
-    local ns, hash = string.match(member, '^(%x+):b:(%x+)$')
-    seen = redis.call('EXISTS', ARGV[5] .. ns .. ':s:' .. hash)
-    break
-  end
-  redis.call('EXPIRE', key, ARGV[1], 'GT')
-  redis.call('ZADD', ARGV[2], 'XX', now - i * 1e-6, string.sub(key, plen + 1))
-  entries[i] = entry
-end
-return {entries, seen}
-"""
-
-_PUBLISH = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return -1 end
-redis.call('ZADD', ARGV[3], tonumber(ARGV[9]) - tonumber(ARGV[8]) * 1e-6, ARGV[6])
-redis.call('SET', ARGV[10], '1', 'EX', ARGV[12])
-redis.call('SADD', ARGV[11], ARGV[13])
-redis.call('EXPIRE', ARGV[11], ARGV[2], 'GT')
-redis.call('EXPIRE', ARGV[11], ARGV[2], 'NX')
-if redis.call('HSETNX', ARGV[4], ARGV[6], ARGV[7]) == 1 then
-  return redis.call('INCRBY', ARGV[5], ARGV[7])
-end
-return tonumber(redis.call('GET', ARGV[5]) or '0')
-"""
-
-_EVICT = """
-local evicted = {}
-local total = tonumber(redis.call('GET', ARGV[3]) or '0')
-while total > tonumber(ARGV[5]) do
-  local popped = redis.call('ZPOPMIN', ARGV[1])
-  if #popped == 0 then break end
-  local member = popped[1]
-  local size = tonumber(redis.call('HGET', ARGV[2], member) or '0')
-  redis.call('HDEL', ARGV[2], member)
-  redis.call('DEL', ARGV[4] .. member)
-  total = redis.call('DECRBY', ARGV[3], size)
-  evicted[#evicted + 1] = member
-end
-return evicted
-"""
-
-# ARGV[5] = '1': remove the entries even if they exist; otherwise only members whose entry is gone.
-_RECLAIM = """
-local reclaimed = {}
-for i = 6, #ARGV do
-  local member = ARGV[i]
-  if ARGV[5] == '1' or redis.call('EXISTS', ARGV[4] .. member) == 0 then
-    redis.call('DEL', ARGV[4] .. member)
-    redis.call('ZREM', ARGV[1], member)
-    local size = redis.call('HGET', ARGV[2], member)
-    if size then
-      redis.call('HDEL', ARGV[2], member)
-      redis.call('DECRBY', ARGV[3], size)
-    end
-    reclaimed[#reclaimed + 1] = member
-  end
-end
-return reclaimed
-"""
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    """What the index knows of one block.
-
-    Attributes:
-        blob: blob path relative to the blob store root.
-        size: size of the blob file in bytes (``"bytes"`` in the JSON).
-        parent: hex hash of the previous block in the chain, or ``""`` for block 0.
-        created: Unix time (seconds) the entry was published.
-    """
-
-    blob: str
-    size: int
-    parent: str
-    created: float
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"blob": self.blob, "bytes": self.size, "parent": self.parent, "created": self.created}
-        )
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> IndexEntry:
-        doc = json.loads(raw)
-        return cls(str(doc["blob"]), int(doc["bytes"]), str(doc["parent"]), float(doc["created"]))
-
-
-def member_name(namespace: Namespace, block_hash: BlockHash) -> str:
-    """A block's name in the index, ``{namespace_hex}:b:{hash_hex}``."""
-    return f"{namespace.hex()}:b:{block_hash.hex()}"
-
-
-def parse_member(member: str) -> tuple[Namespace, BlockHash]:
-    """Inverse of ``member_name``.
-
-    Raises:
-        ValueError: not a member name.
-    """
-    ns_hex, kind, hash_hex = member.split(":")
-    if kind != "b":
-        raise ValueError(member)
-    return Namespace(bytes.fromhex(ns_hex)), BlockHash(bytes.fromhex(hash_hex))
+"""Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""
 
 
 class RedisIndex:
-    """Block index in Redis. Every method may raise ``redis.RedisError``; callers degrade."""
+    """Block index in Redis (implements ``store.parts.BlockIndex``). Every method may raise
+    ``redis.RedisError``; callers degrade."""
 
     def __init__(self, client: redis.Redis, key_prefix: str) -> None:
         self.client = client
@@ -156,10 +44,10 @@ class RedisIndex:
         self.lru_key = f"{key_prefix}lru"
         self.sizes_key = f"{key_prefix}sizes"
         self.bytes_key = f"{key_prefix}bytes"
-        self._match = client.register_script(_MATCH)
-        self._publish = client.register_script(_PUBLISH)
-        self._evict = client.register_script(_EVICT)
-        self._reclaim = client.register_script(_RECLAIM)
+        self._match = client.register_script(scripts.MATCH)
+        self._publish = client.register_script(scripts.PUBLISH)
+        self._evict = client.register_script(scripts.EVICT)
+        self._reclaim = client.register_script(scripts.RECLAIM)
 
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
         return self.key_prefix + member_name(namespace, block_hash)
@@ -222,16 +110,16 @@ class RedisIndex:
         entry: IndexEntry,
         ttl_s: int,
         used_at: float,
-    ) -> int | None:
-        """Index a block whose blob is complete on disk: ``SET NX EX``, LRU position, size.
+    ) -> int:
+        """Index a block whose blob is complete: ``SET NX EX``, LRU position, size (nothing
+        changes when another writer published the block first).
 
         Args:
             index: the block's position in its chain (deeper blocks are evicted first).
             used_at: Unix time (seconds) of the request that computed the block.
 
         Returns:
-            The bytes the blob store holds now, or None when another writer published the block
-            first (nothing changes).
+            The bytes the blob store holds now.
         """
         member = member_name(namespace, block_hash)
         args: list[str | int | float] = [
@@ -249,8 +137,7 @@ class RedisIndex:
             SEEN_TTL_S,
             block_hash.hex(),
         ]
-        total = int(self._publish(keys=[self.key_prefix + member], args=args))
-        return None if total < 0 else total
+        return int(self._publish(keys=[self.key_prefix + member], args=args))
 
     def evict(self, max_bytes: int) -> list[str]:
         """Remove least recently used blocks until the store holds at most ``max_bytes``.
@@ -322,7 +209,6 @@ class RedisIndex:
         """Raises ``redis.RedisError`` when Redis does not answer."""
         self.client.ping()
 
-
-def new_entry(blob: str, size: int, parent: BlockHash | None) -> IndexEntry:
-    """An entry for a blob just written, created now."""
-    return IndexEntry(blob, size, parent.hex() if parent is not None else "", time.time())
+    def shared_counters(self) -> SharedCounters:
+        """The deployment-wide counters, in the same Redis under the same prefix."""
+        return SharedCounters(self.client, self.key_prefix)

@@ -2,17 +2,23 @@
 
 Block tensors have shape ``[num_layers, num_kv_heads, BLOCK_SIZE, head_dim]`` (the layout of
 docs/design.md, "Storage"): layer-major, so one block is two contiguous tensors however many layers.
+
+Two interfaces face the other packages: ``PrefixCache`` is what the engine is handed (look up,
+save, flush), ``CacheAdmin`` what the HTTP server and the command line read and administer. Both
+are implemented by ``store.cache.BlockCache``; nothing above store/ touches its parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace
+from store.outcomes import MissReason
+from store.stats import CacheStats, GcReport
 
 CacheHealth = Literal["ok", "degraded", "disabled"]
 
@@ -59,7 +65,8 @@ class KVBlock:
         index: position of the block in its chain (block i covers tokens ``[128i, 128i+128)``).
         block_hash: the chained hash naming tokens ``[0, 128(i+1))``.
         token_ids: the block's 128 token ids.
-        key, value: ``[num_layers, num_kv_heads, 128, head_dim]`` tensors (post-rotary K).
+        key, value: ``[num_layers, num_kv_heads, 128, head_dim]`` tensors (post-rotary K), in
+            host memory.
     """
 
     index: int
@@ -71,12 +78,10 @@ class KVBlock:
 
 class PrefixMatch(NamedTuple):
     """The verified leading blocks of a prompt found in the cache, in chain order, and why the
-    match stopped before the prompt's last full block: ``"never seen"``, ``"expired or
-    evicted"``, ``"failed verification"``, ``"cache unavailable"``, or None when every full
-    block matched."""
+    match stopped before the prompt's last full block (None when every full block matched)."""
 
     blocks: list[KVBlock]
-    miss_reason: str | None = None
+    miss_reason: MissReason | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -88,22 +93,28 @@ class PrefixMatch(NamedTuple):
 
 
 class PrefixCache(Protocol):
-    """What the engine needs of a prefix cache. ``store.cache.BlockCache`` implements it.
+    """What the engine needs of a prefix cache.
 
     Contract:
-    - ``lookup`` never raises for a cache fault (Redis down, blob missing or corrupt): the
-      prefix simply ends at the first block it cannot serve, and a bad index entry is dropped.
+    - ``lookup`` never raises for a cache fault (Redis down, blob missing, corrupt or hanging):
+      the prefix simply ends at the first block it cannot serve, and a bad index entry is
+      dropped. It returns within a bounded time (the Redis timeout plus the blob read bound).
       Every block it returns has been verified against ``namespace`` and ``token_ids``, or was
       computed by this process for exactly those tokens (blocks still being saved are served).
     - ``save`` never blocks on I/O and never raises for a cache fault; it only schedules writes.
-      A block is indexed only after its blob is completely on disk.
+      A block is indexed only after its blob is completely stored.
     - ``flush`` waits (at most ``timeout_s`` seconds) until scheduled saves are done.
     """
 
     def lookup(
-        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int, ttl_s: int | None = None
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        max_blocks: int | None = None,
+        ttl_s: int | None = None,
     ) -> PrefixMatch:
-        """Longest verified cached prefix of ``token_ids``, at most ``max_blocks`` blocks.
+        """Longest verified cached prefix of ``token_ids``, at most ``max_blocks`` blocks (None:
+        every full block).
 
         Refreshes the TTL of every matched block to at least ``ttl_s`` seconds (sliding TTL;
         None: the cache's default) and marks them recently used.
@@ -125,8 +136,8 @@ class PrefixCache(Protocol):
         Args:
             token_ids: the whole sequence so far (prompt, or prompt + completion).
             first_block: index of the first block covered by ``key``/``value``.
-            key, value: ``[num_layers, num_kv_heads, 128 * m, head_dim]`` for m blocks; the
-                tensors must not be modified afterwards (pass a copy).
+            key, value: ``[num_layers, num_kv_heads, 128 * m, head_dim]`` for m blocks, in host
+                memory; the tensors must not be modified afterwards (pass a copy).
         """
         ...
 
@@ -134,6 +145,47 @@ class PrefixCache(Protocol):
         """Wait for scheduled saves; True when they all finished within ``timeout_s`` seconds."""
         ...
 
+
+class CacheAdmin(Protocol):
+    """What the server and the command line read and administer. Every read answers None when
+    Redis is unreachable (never raises for it); ``clear`` raises so the caller can say so."""
+
     def health(self) -> CacheHealth:
         """``"ok"`` when the index answers, ``"degraded"`` while it does not."""
+        ...
+
+    def stats(self) -> CacheStats:
+        """A snapshot of this process's counters."""
+        ...
+
+    def usage(self) -> tuple[int, int] | None:
+        """``(blocks, bytes)`` the whole cache holds now."""
+        ...
+
+    def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
+        """Counters of every process sharing the index (or of one namespace), hit rates over the
+        last minute and hour and, for the deployment, blocks and bytes stored."""
+        ...
+
+    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
+        """Tokens queried and hit per minute over the last ``minutes``."""
+        ...
+
+    def divergence(
+        self, namespace: Namespace, token_ids: Sequence[int], block: int
+    ) -> tuple[int, list[int]] | None:
+        """Where ``token_ids`` first differs from a cached sibling of its block ``block``:
+        ``(token position, the sibling's token ids)``, or None."""
+        ...
+
+    def gc(self, grace_s: float | None = None) -> GcReport | None:
+        """Reconcile the index and the blob store now."""
+        ...
+
+    def clear(self, namespace_hex: str | None = None) -> int:
+        """Remove every block (or one namespace's); returns how many indexed blocks went.
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
         ...

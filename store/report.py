@@ -1,6 +1,7 @@
-"""Read-only questions about the cache, for stats pages and explanations.
+"""Read-only questions about the cache, for stats pages and explanations of misses.
 
-Each answers None when Redis is unreachable (through ``BlockCache.guarded``), never raises for it.
+Each function may raise ``redis.RedisError``; the facade (``BlockCache``) calls them through its
+guard, so callers above store/ get None instead.
 """
 
 from __future__ import annotations
@@ -8,47 +9,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hashing import BLOCK_SIZE, Namespace, block_hashes
-from store.cache import BlockCache
+from hashing import BLOCK_SIZE, Namespace, block_hashes, block_tokens
+from store.blobs import BlobStore
+from store.parts import BlockIndex, Counters
 from store.serde import BlockVerificationError, read_token_ids
 
 
-def stored(cache: BlockCache) -> tuple[int, int] | None:
-    """``(blocks, bytes)`` the whole cache holds now."""
-    return cache.guarded("stats", lambda: (cache.index.num_blocks(), cache.index.total_bytes()))
-
-
-def shared_stats(cache: BlockCache, namespace: Namespace | None = None) -> dict[str, Any] | None:
-    """Counters of the deployment (or of one namespace) from Redis, the token hit rate over the
-    last minute and hour, and, for the deployment, the blocks and bytes stored now."""
+def deployment_stats(counters: Counters, index: BlockIndex, namespace: Namespace | None) -> dict[str, Any]:
+    """Counters of the deployment (or of one namespace), the token hit rate over the last minute
+    and hour, and, for the deployment, the blocks and bytes stored now."""
     scope = namespace.hex() if namespace is not None else None
-
-    def read() -> dict[str, Any]:
-        out: dict[str, Any] = dict(cache.shared.totals(scope))
-        for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
-            window = cache.shared.window(scope, seconds)
-            out[label] = {
-                "queried_tokens": window.queried,
-                "hit_tokens": window.hit,
-                "hit_rate": window.hit_rate,
-            }
-        if namespace is None:
-            out |= {"blocks": cache.index.num_blocks(), "bytes": cache.index.total_bytes()}
-        return out
-
-    return cache.guarded("stats", read)
+    out: dict[str, Any] = dict(counters.totals(scope))
+    for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
+        window = counters.window(scope, seconds)
+        out[label] = {"queried_tokens": window.queried, "hit_tokens": window.hit, "hit_rate": window.hit_rate}
+    if namespace is None:
+        out |= {"blocks": index.num_blocks(), "bytes": index.total_bytes()}
+    return out
 
 
-def timeline(
-    cache: BlockCache, namespace: Namespace | None = None, minutes: int = 60
-) -> list[dict[str, Any]] | None:
+def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> list[dict[str, Any]]:
     """Tokens queried and hit per minute over the last ``minutes``."""
     scope = namespace.hex() if namespace is not None else None
-    buckets = cache.guarded("stats", cache.shared.buckets, scope, minutes * 60)
-    if buckets is None:
-        return None
     per_minute: dict[int, list[int]] = {}
-    for start, window in buckets:
+    for start, window in counters.buckets(scope, minutes * 60):
         totals = per_minute.setdefault(start - start % 60, [0, 0])
         totals[0] += window.queried
         totals[1] += window.hit
@@ -59,7 +43,7 @@ def timeline(
 
 
 def divergence(
-    cache: BlockCache, namespace: Namespace, token_ids: Sequence[int], block: int
+    index: BlockIndex, blobs: BlobStore, namespace: Namespace, token_ids: Sequence[int], block: int
 ) -> tuple[int, list[int]] | None:
     """Where ``token_ids`` first differs from a cached sibling of its block ``block``.
 
@@ -70,11 +54,10 @@ def divergence(
         ``(token position, the sibling's 128 token ids)``, or None when no sibling is stored.
     """
     prefix = block_hashes(token_ids[: block * BLOCK_SIZE], namespace)
-    siblings = cache.guarded("children", cache.index.children, namespace, prefix[-1] if prefix else None)
-    mine = list(token_ids[block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE])
-    for sibling in siblings or []:
+    mine = block_tokens(token_ids, block)
+    for sibling in index.children(namespace, prefix[-1] if prefix else None):
         try:
-            theirs = read_token_ids(cache.blobs.read(cache.blobs.relative_path(namespace, sibling)))
+            theirs = read_token_ids(blobs.read(namespace, sibling))
         except (OSError, BlockVerificationError):
             continue
         differs = next((j for j, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)

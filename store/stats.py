@@ -1,84 +1,108 @@
-"""Deployment-wide counters in Redis, so several proxy processes add up.
+"""This process's cache statistics: one value type (``CacheStats``), the thread-safe recorder that
+produces snapshots of it, and the report of one garbage collection.
 
-Keys (under ``key_prefix``): ``stats`` and ``stats:{namespace_hex}`` hold totals (tokens queried
-and hit, blocks saved and evicted, ...); ``tok:{scope}:{t}`` holds the tokens queried (``q``) and
-hit (``h``) during the 10-second bucket ``t`` (Unix time // 10), for one hour, where ``scope``
-is ``all`` or a namespace. Windows and timelines are sums of buckets: one round trip each.
+Deployment-wide totals, summed over every process sharing the index, live in Redis
+(``store.counters``).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, fields
 
-import redis
-
-BUCKET_S = 10
-KEEP_S = 3700
+from store.outcomes import EvictionReason
 
 
 @dataclass(frozen=True)
-class Window:
-    """Tokens queried and hit during a window; ``hit_rate`` is None when nothing was queried."""
+class CacheStats:
+    """Counters of this process since it started (blocks unless named otherwise).
 
-    queried: int
-    hit: int
+    Attributes:
+        lookups: prefix lookups.
+        tokens_queried, tokens_hit: prompt tokens looked up, and of those served from the cache
+            (``min(128 k, n - 1)`` per lookup, as reported in ``cached_tokens``).
+        blocks_matched: blocks the index listed; ``blocks_loaded`` of them verified and served,
+            ``blocks_from_ram`` of those without reading a blob (RAM tier or still being saved).
+        verification_failures: blobs that were missing, unreadable or wrong (then dropped).
+        read_timeouts: lookups cut short because a blob read took too long.
+        blocks_saved, save_errors, saves_dropped: blocks written; writes that failed; blocks not
+            saved because the writer's queue was full.
+        redis_errors: Redis operations that failed or timed out.
+        evicted_budget, evicted_ttl, evicted_orphan, evicted_gc: blocks removed by this process,
+            by cause (see ``EvictionReason``).
+        ram_tier_bytes: K/V bytes held in the RAM tier now (a gauge).
+    """
+
+    lookups: int = 0
+    tokens_queried: int = 0
+    tokens_hit: int = 0
+    blocks_matched: int = 0
+    blocks_loaded: int = 0
+    blocks_from_ram: int = 0
+    verification_failures: int = 0
+    read_timeouts: int = 0
+    blocks_saved: int = 0
+    save_errors: int = 0
+    saves_dropped: int = 0
+    redis_errors: int = 0
+    evicted_budget: int = 0
+    evicted_ttl: int = 0
+    evicted_orphan: int = 0
+    evicted_gc: int = 0
+    ram_tier_bytes: int = 0
 
     @property
     def hit_rate(self) -> float | None:
-        return self.hit / self.queried if self.queried else None
+        """Share of queried prompt tokens served from the cache; None before any lookup."""
+        return self.tokens_hit / self.tokens_queried if self.tokens_queried else None
+
+    @property
+    def evictions(self) -> dict[EvictionReason, int]:
+        """Blocks removed, by reason (the labels of ``kvproxy_cache_blocks_evicted_total``)."""
+        return {
+            "ttl": self.evicted_ttl,
+            "budget": self.evicted_budget,
+            "verification_failure": self.verification_failures,
+            "gc": self.evicted_gc + self.evicted_orphan,
+        }
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class SharedStats:
-    """Totals and hit-rate windows, for the whole deployment or one namespace (tenant)."""
+class StatsRecorder:
+    """Adds to the counters of ``CacheStats`` from any thread; ``snapshot`` reads them all at once."""
 
-    def __init__(self, client: redis.Redis, key_prefix: str) -> None:
-        self.client, self.key_prefix = client, key_prefix
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
+        self._lock = threading.Lock()
 
-    def _totals_key(self, scope: str | None) -> str:
-        return f"{self.key_prefix}stats" + (f":{scope}" if scope else "")
-
-    def _bucket_key(self, scope: str | None, bucket: int) -> str:
-        return f"{self.key_prefix}tok:{scope or 'all'}:{bucket}"
-
-    def add(self, namespace_hex: str | None, counts: dict[str, int]) -> None:
-        """Add ``counts`` to the totals of the deployment and of ``namespace_hex``; the
-        ``prompt_tokens``/``cached_tokens`` counts also go to the current bucket.
+    def add(self, **deltas: int) -> None:
+        """Add to named counters, e.g. ``add(blocks_saved=1)``.
 
         Raises:
-            redis.RedisError: Redis failed.
+            KeyError: an unknown counter (a bug).
         """
-        bucket = int(time.time()) // BUCKET_S
-        pipe = self.client.pipeline(transaction=False)
-        for scope in (None, namespace_hex) if namespace_hex else (None,):
-            for name, delta in counts.items():
-                if delta:
-                    pipe.hincrby(self._totals_key(scope), name, delta)
-            if counts.get("prompt_tokens"):
-                key = self._bucket_key(scope, bucket)
-                pipe.hincrby(key, "q", counts["prompt_tokens"])
-                pipe.hincrby(key, "h", counts.get("cached_tokens", 0))
-                pipe.expire(key, KEEP_S)
-        pipe.execute()
+        with self._lock:
+            for name, delta in deltas.items():
+                if name not in self._counts:
+                    raise KeyError(name)
+                self._counts[name] += delta
 
-    def totals(self, scope: str | None = None) -> dict[str, int]:
-        """Totals of the deployment (``scope`` None) or of one namespace."""
-        raw: dict[bytes, bytes] = self.client.hgetall(self._totals_key(scope))  # type: ignore[assignment]
-        return {k.decode(): int(v) for k, v in raw.items()}
+    def snapshot(self, **gauges: int) -> CacheStats:
+        """The counters now, with ``gauges`` (e.g. ``ram_tier_bytes``) set as given."""
+        with self._lock:
+            return CacheStats(**(self._counts | gauges))
 
-    def buckets(self, scope: str | None, seconds: int) -> list[tuple[int, Window]]:
-        """``(bucket start, Unix seconds; window)`` for every bucket of the last ``seconds``."""
-        now = int(time.time()) // BUCKET_S
-        starts = list(range(now - seconds // BUCKET_S + 1, now + 1))
-        pipe = self.client.pipeline(transaction=False)
-        for b in starts:
-            pipe.hmget(self._bucket_key(scope, b), "q", "h")
-        return [
-            (b * BUCKET_S, Window(int(q or 0), int(h or 0)))
-            for b, (q, h) in zip(starts, pipe.execute(), strict=True)
-        ]
 
-    def window(self, scope: str | None, seconds: int) -> Window:
-        """Tokens queried and hit during the last ``seconds`` (to 10-second buckets)."""
-        windows = [w for _, w in self.buckets(scope, seconds)]
-        return Window(sum(w.queried for w in windows), sum(w.hit for w in windows))
+@dataclass
+class GcReport:
+    """What one garbage collection removed (blocks) and freed (bytes of blobs); filled in as the
+    collection goes."""
+
+    expired: int = 0
+    orphans: int = 0
+    missing_blobs: int = 0
+    unindexed_blobs: int = 0
+    temp_files: int = 0
+    bytes_freed: int = 0

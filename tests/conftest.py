@@ -1,4 +1,5 @@
-"""Fixtures: a real Redis (own key prefix, cleaned up), tiny and default models loaded once."""
+"""Fixtures, all in one place: a real Redis (own key prefix, cleaned up), the cache on it, tiny and
+default models loaded once, test servers on real ports."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,6 +20,7 @@ from proxy.config import Settings, default_cache_dir
 from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
+from store.interface import KVSpec
 from tests.helpers import ServerThread, build_tiny_model
 
 REDIS_URL = os.environ.get("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -63,12 +66,13 @@ def default_model() -> LoadedModel:
 
 @pytest.fixture
 def make_cache(redis_client: redis.Redis, key_prefix: str, tmp_path: Path) -> Callable[..., BlockCache]:
-    """Build a BlockCache on the real Redis under this test's prefix and a temp blob dir."""
+    """Build a BlockCache on the real Redis under this test's prefix and a temp blob dir, for a
+    model's K/V layout or a given ``KVSpec``."""
 
-    def make(model: LoadedModel, ttl_s: int = 600) -> BlockCache:
-        return BlockCache(
-            RedisIndex(redis_client, key_prefix), BlobStore(tmp_path / "blobs"), model.kv_spec, ttl_s=ttl_s
-        )
+    def make(layout: LoadedModel | KVSpec, ttl_s: int = 600, **options: Any) -> BlockCache:
+        spec = layout if isinstance(layout, KVSpec) else layout.kv_spec
+        index = RedisIndex(redis_client, key_prefix)
+        return BlockCache(index, BlobStore(tmp_path / "blobs"), spec, ttl_s=ttl_s, **options)
 
     return make
 

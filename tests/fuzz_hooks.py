@@ -5,7 +5,7 @@ import schemathesis
 
 
 @schemathesis.hook
-def map_body(ctx, body):  # noqa: ANN001, ANN201
+def map_body(ctx, body):
     if isinstance(body, dict) and "model" in body:
         body["model"] = "tiny"
     return body

@@ -1,4 +1,5 @@
-"""Shared test machinery: a tiny model built in-process, a server thread, free ports."""
+"""Shared test machinery: block factories, a tiny model built in-process, a server thread, free
+ports, a private Redis. Fixtures built from these live in ``tests/conftest.py``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,27 @@ import torch
 import uvicorn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from hashing import BLOCK_SIZE, namespace_digest
+from store.interface import KVSpec
+
+SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
+"""A small K/V layout for store tests that need no model."""
+NS = namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t")
+
+
+def kv(num_blocks: int, spec: KVSpec = SPEC) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random key and value ``[num_layers, num_kv_heads, 128 * num_blocks, head_dim]``."""
+    shape = (spec.num_layers, spec.num_kv_heads, BLOCK_SIZE * num_blocks, spec.head_dim)
+    g = torch.Generator().manual_seed(num_blocks)
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+def random_tokens(n: int, seed: int = 0) -> list[int]:
+    """``n`` token ids of the tiny model's vocabulary (no special tokens), reproducibly."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, 390, (n,), generator=g).tolist()
+
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"

@@ -6,50 +6,45 @@ Protected by ``--admin-key`` (``Authorization: Bearer <key>``); see ``proxy.auth
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from typing import Any
 
 import redis
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from engine.worker import Engine
 from proxy.auth import require_admin
 from proxy.errors import OpenAIError
-from proxy.state import get_cache, get_engine
-from store import report
-from store.cache import BlockCache
+from proxy.state import CacheDep, EngineDep
+from store.interface import CacheAdmin
 
 router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
 
 
-def _require_cache(cache: BlockCache | None) -> BlockCache:
+def _require_cache(cache: CacheAdmin | None) -> CacheAdmin:
     if cache is None:
         raise OpenAIError(400, "caching is off on this server (--no-cache)", code="cache_disabled")
     return cache
 
 
 @router.get("/stats")
-async def cache_stats(
-    engine: Annotated[Engine, Depends(get_engine)], cache: Annotated[BlockCache | None, Depends(get_cache)]
-) -> dict[str, Any]:
+async def cache_stats(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
     """Deployment-wide counters (from Redis, summed over every process) and this process's own."""
-    process: dict[str, Any] = {"engine": dataclasses.asdict(engine.stats)}
+    process: dict[str, Any] = {"engine": dataclasses.asdict(engine.stats())}
     deployment = None
     if cache is not None:
-        process["cache"] = cache.stats.as_dict()
-        deployment = await run_in_threadpool(report.shared_stats, cache)
+        process["cache"] = cache.stats().as_dict()
+        deployment = await run_in_threadpool(cache.deployment_stats)
     return {"deployment": deployment, "process": process}
 
 
 @router.post("/gc")
-async def cache_gc(cache: Annotated[BlockCache | None, Depends(get_cache)]) -> dict[str, Any]:
+async def cache_gc(cache: CacheDep) -> dict[str, Any]:
     """Run one garbage collection now (grace period as configured)."""
-    block_cache = _require_cache(cache)
-    report = await run_in_threadpool(block_cache.gc)
-    if report is None:
+    found = await run_in_threadpool(_require_cache(cache).gc)
+    if found is None:
         raise OpenAIError(503, "Redis is unreachable", type="server_error", code="cache_unavailable")
-    return dataclasses.asdict(report)
+    return dataclasses.asdict(found)
 
 
 class ClearRequest(BaseModel):
@@ -57,13 +52,11 @@ class ClearRequest(BaseModel):
 
 
 @router.post("/clear")
-async def cache_clear(
-    cache: Annotated[BlockCache | None, Depends(get_cache)], body: ClearRequest | None = None
-) -> dict[str, Any]:
+async def cache_clear(cache: CacheDep, body: ClearRequest | None = None) -> dict[str, Any]:
     """Remove every cached block, or one namespace's."""
-    block_cache = _require_cache(cache)
+    admin = _require_cache(cache)
     try:
-        removed = await run_in_threadpool(block_cache.clear, body.namespace if body else None)
+        removed = await run_in_threadpool(admin.clear, body.namespace if body else None)
     except redis.RedisError as exc:
         raise OpenAIError(
             503, f"Redis is unreachable: {exc}", type="server_error", code="cache_unavailable"

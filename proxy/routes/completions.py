@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.worker import Engine, TokenDelta
+from engine.requests import TokenDelta
+from engine.worker import Engine
 from proxy.auth import Tenant
-from proxy.config import Settings
 from proxy.errors import OpenAIError
 from proxy.protocol import CompletionRequest
-from proxy.serving import (
-    check_request,
-    complete,
-    event_stream,
-    generation_request,
-    json_response,
-    new_id,
-    now,
-    sse_stream,
-    start,
-)
-from proxy.state import get_engine, get_settings
+from proxy.running import complete, start
+from proxy.state import EngineDep, SettingsDep
+from proxy.streaming import event_stream, json_response, new_id, now, sse_stream
+from proxy.validation import check_request, generation_request
 
 router = APIRouter()
 
@@ -61,8 +53,8 @@ def completion_logprobs(engine: Engine, tokens: list[TokenDelta], offset: int = 
 async def completions(
     body: CompletionRequest,
     request: Request,
-    engine: Annotated[Engine, Depends(get_engine)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    engine: EngineDep,
+    settings: SettingsDep,
     tenant: Tenant,
 ) -> Any:
     check_request(engine, body)

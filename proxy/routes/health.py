@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from engine.worker import Engine
-from proxy.state import get_cache, get_engine
-from store.cache import BlockCache
+from proxy.state import CacheDep, EngineDep
 
 router = APIRouter()
 
 
 @router.get("/health")
-async def health(
-    engine: Annotated[Engine, Depends(get_engine)],
-    cache: Annotated[BlockCache | None, Depends(get_cache)],
-) -> dict[str, Any]:
+async def health(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
     state = "disabled" if cache is None else await run_in_threadpool(cache.health)
     return {
         "status": "ok",

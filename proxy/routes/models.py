@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from engine.worker import Engine
 from proxy.auth import get_tenant
-from proxy.serving import check_model
-from proxy.state import get_engine
+from proxy.state import EngineDep
+from proxy.validation import check_model
 
 router = APIRouter(dependencies=[Depends(get_tenant)])
 
@@ -19,11 +19,11 @@ def describe(engine: Engine) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
-async def list_models(engine: Annotated[Engine, Depends(get_engine)]) -> dict[str, Any]:
+async def list_models(engine: EngineDep) -> dict[str, Any]:
     return {"object": "list", "data": [describe(engine)]}
 
 
 @router.get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, engine: Annotated[Engine, Depends(get_engine)]) -> dict[str, Any]:
+async def retrieve_model(model_id: str, engine: EngineDep) -> dict[str, Any]:
     check_model(engine, model_id)
     return describe(engine)

@@ -17,28 +17,20 @@ from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from engine.worker import Engine
 from hashing import Namespace
 from proxy.auth import bearer, get_tenant, require_admin
-from proxy.metrics import Metrics
-from proxy.state import get_cache, get_engine, get_settings
-from store import report
-from store.cache import BlockCache
+from proxy.state import CacheDep, EngineDep, MetricsDep, get_settings
 
 router = APIRouter()
 
 
-def get_metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
-
-
 @router.get("/metrics", dependencies=[Depends(require_admin)])
-async def metrics(m: Annotated[Metrics, Depends(get_metrics)]) -> Response:
+async def metrics(m: MetricsDep) -> Response:
     body = await run_in_threadpool(generate_latest, m.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def stats_scope(request: Request, engine: Annotated[Engine, Depends(get_engine)]) -> Namespace | None:
+def stats_scope(request: Request, engine: EngineDep) -> Namespace | None:
     """None (everything) without API keys or for the admin key; else the caller's namespace."""
     if request.app.state.api_keys is None:
         return None
@@ -50,35 +42,27 @@ def stats_scope(request: Request, engine: Annotated[Engine, Depends(get_engine)]
         and secrets.compare_digest(token.encode(), admin_key.encode())
     ):
         return None
-    return engine.namespace(get_tenant(request))
+    return engine.loaded.namespace(get_tenant(request))
 
 
 @router.get("/stats")
 async def stats(
-    scope: Annotated[Namespace | None, Depends(stats_scope)],
-    m: Annotated[Metrics, Depends(get_metrics)],
-    cache: Annotated[BlockCache | None, Depends(get_cache)],
+    scope: Annotated[Namespace | None, Depends(stats_scope)], m: MetricsDep, cache: CacheDep
 ) -> dict[str, Any]:
     """Totals for the deployment (from Redis: every replica adds up) and for this process, hit
     rates over the last minute and hour, TTFT by cache outcome, evictions, recent misses."""
     out: dict[str, Any] = {
         "scope": "deployment" if scope is None else "tenant",
         "cache": "disabled" if cache is None else await run_in_threadpool(cache.health),
-        "process": m.summary(scope.hex() if scope is not None else None),
+        "process": m.log.summary(scope.hex() if scope is not None else None),
         "deployment": None,
         "timeline": None,
     }
     if cache is not None:
-        out["deployment"] = await run_in_threadpool(report.shared_stats, cache, scope)
-        out["timeline"] = await run_in_threadpool(report.timeline, cache, scope)
+        out["deployment"] = await run_in_threadpool(cache.deployment_stats, scope)
+        out["timeline"] = await run_in_threadpool(cache.timeline, scope)
         if scope is None:
-            counts = cache.stats.as_dict()
-            out["process"]["evictions"] = {
-                "ttl": counts["evicted_ttl"],
-                "budget": counts["evicted_budget"],
-                "verification_failure": counts["verification_failures"],
-                "gc": counts["evicted_gc"] + counts["evicted_orphan"],
-            }
+            out["process"]["evictions"] = cache.stats().evictions
     return out
 
 

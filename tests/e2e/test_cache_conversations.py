@@ -1,4 +1,4 @@
-"""Kind 9, conversations: each turn of a growing chat reuses every stored block it shares with
+"""Conversations: each turn of a growing chat reuses every stored block it shares with
 earlier turns (their prompts and, where the template reproduces them, their replies)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kind 10, token ids and rendering: prompt_tokens is the rendered template; key order is irrelevant."""
+"""Token ids and rendering: prompt_tokens is the rendered template; key order is irrelevant."""
 
 from __future__ import annotations
 

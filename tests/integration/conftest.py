@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
 
 from tests.api import Api
 
@@ -20,9 +19,3 @@ def cached(settings, tiny_model, serve) -> Iterator[Api]:
 def cold(settings, tiny_model, serve) -> Iterator[Api]:
     with serve(settings.model_copy(update={"no_cache": True}), tiny_model) as server:
         yield Api(server)
-
-
-def random_tokens(n: int, seed: int = 0) -> list[int]:
-    """``n`` token ids of the tiny model's vocabulary (no special tokens), reproducibly."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(10, 390, (n,), generator=g).tolist()

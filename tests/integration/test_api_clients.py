@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -70,13 +70,13 @@ def test_completions_with_token_ids_and_text_parts(cached, client) -> None:
 
 def test_sampling_fields(client) -> None:
     """seed reproduces; max_completion_tokens bounds; logprobs have OpenAI's shape; penalties apply."""
-    kwargs = dict(model="tiny", messages=MESSAGES, temperature=1.0, max_completion_tokens=12)
+    kwargs = {"model": "tiny", "messages": MESSAGES, "temperature": 1.0, "max_completion_tokens": 12}
     one = client.chat.completions.create(seed=7, **kwargs)
     two = client.chat.completions.create(seed=7, **kwargs)
     assert one.choices[0].message.content == two.choices[0].message.content
     assert one.usage.completion_tokens <= 12
 
-    greedy = dict(model="tiny", messages=MESSAGES, temperature=0, max_tokens=30)
+    greedy = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 30}
     base = client.chat.completions.create(**greedy, extra_body={"return_token_ids": True})
     penalized = client.chat.completions.create(
         frequency_penalty=2.0, **greedy, extra_body={"return_token_ids": True}

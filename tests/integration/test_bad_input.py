@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]

@@ -10,11 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import torch
 
-from engine.batch import decode_batch
-from engine.generate import decode_step, prefill
+from engine.forward import decode_batch, decode_step, prefill
 from engine.kv import BufferPool, past_from_blocks
 from engine.worker import Engine
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 
 def test_a_batched_decode_step_equals_each_row_alone(tiny_model) -> None:
@@ -48,7 +47,7 @@ def test_concurrent_requests_decode_together_and_answer_as_alone(cached, cold) -
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda p: cached.complete(p, max_tokens=120, **body), prompts))
     assert [r.key for r in results] == expected
-    stats = cached.engine.stats
+    stats = cached.engine.stats()
     assert stats.decode_steps < stats.decode_tokens == 4 * 119
 
 

@@ -1,4 +1,4 @@
-"""Kind 8, concurrency: simultaneous identical and different prompts, and clients that leave."""
+"""Concurrency: simultaneous identical and different prompts, and clients that leave."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpx
 
 from hashing import block_hashes
 from tests.api import Api
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 
 def check_store_is_consistent(api: Api, settings, redis_client, key_prefix: str) -> None:
@@ -41,7 +41,7 @@ def test_simultaneous_clients_get_their_own_cold_answers(cached, cold, settings,
     for prompt, result in results:
         assert result.key == expected[tuple(prompt)]
     cached.flush()
-    namespace = cached.engine.namespace("default")
+    namespace = cached.engine.loaded.namespace("default")
     # prompt blocks of every prompt, plus blocks completed by the generated tokens
     stored = {p.stem for p in settings.blob_root.rglob("*.safetensors")}
     assert {h.hex() for h in block_hashes(shared, namespace)} <= stored
@@ -64,14 +64,14 @@ def test_client_leaving_during_prefill_stops_it(settings, default_model, serve, 
         api = Api(server, model=default_model.name)
         body = {"model": default_model.name, "prompt": prompt, "max_tokens": 50}
         for stream in (False, True):
-            before = api.engine.stats.prefill_tokens
+            before = api.engine.stats().prefill_tokens
             try:
                 httpx.post(f"{server.base_url}/v1/completions", json=body | {"stream": stream}, timeout=1.0)
             except httpx.TimeoutException:
                 pass  # the client gives up and closes its connection
             waited = wait_idle(api)
             print(f"stream={stream}: worker idle {waited:.2f} s after the client left during prefill")
-            assert api.engine.stats.prefill_tokens == before  # prefill never completed
+            assert api.engine.stats().prefill_tokens == before  # prefill never completed
         api.flush()
         check_store_is_consistent(api, settings, redis_client, key_prefix)
         assert api.complete(prompt[:300], max_tokens=2).status == 200  # still serving
@@ -90,13 +90,13 @@ def test_client_leaving_mid_stream_stops_decoding(settings, default_model, serve
             "temperature": 1.0,
             "seed": 1,
         }
-        before = api.engine.stats.decode_tokens
+        before = api.engine.stats().decode_tokens
         with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()
             for _ in range(5):
                 next(lines)
         waited = wait_idle(api)
-        decoded = api.engine.stats.decode_tokens - before
+        decoded = api.engine.stats().decode_tokens - before
         print(f"worker idle {waited:.2f} s after the client left mid-stream; {decoded} tokens decoded")
         assert decoded < 100
         api.flush()

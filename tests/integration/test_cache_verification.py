@@ -1,4 +1,4 @@
-"""Kind 5, verification: a damaged index entry or blob is a miss from that block on, never a
+"""Verification: a damaged index entry or blob is a miss from that block on, never a
 wrong answer; the bad entry is removed and counted, and the next request stores the block again."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hashing import block_hashes
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 PROMPT = random_tokens(3 * 128 + 20, seed=5)
 
@@ -68,31 +68,31 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 def test_damaged_block_is_a_miss_from_there_on(cached, cold, settings, damage) -> None:
     cached.complete(PROMPT)
     cached.flush()
-    namespace = cached.engine.namespace("default")
+    namespace = cached.engine.loaded.namespace("default")
     hashes = block_hashes(PROMPT, namespace)
-    DAMAGE[damage](settings.blob_root / cached.cache.blobs.relative_path(namespace, hashes[1]))
-    failures = cached.cache.stats.verification_failures
+    DAMAGE[damage](cached.cache.blobs.path(namespace, hashes[1]))
+    failures = cached.cache.stats().verification_failures
 
     damaged = cached.complete(PROMPT)
     assert damaged.status == 200
     assert damaged.cached_tokens == 128  # block 0 only: the prefix ends at the damaged block
     assert damaged.key == cold.complete(PROMPT).key
-    assert cached.cache.stats.verification_failures == failures + 1
+    assert cached.cache.stats().verification_failures == failures + 1
     cached.flush()  # the request re-stored block 1 (and 2) in the background
 
     healed = cached.complete(PROMPT)
     assert healed.cached_tokens == 3 * 128 and healed.key == damaged.key
-    assert cached.cache.stats.verification_failures == failures + 1
+    assert cached.cache.stats().verification_failures == failures + 1
 
 
 def test_bad_entry_is_removed_before_the_block_is_stored_again(cached, settings, redis_client) -> None:
     """While the damaged block is being re-stored, no entry points at the bad blob."""
     cached.complete(PROMPT)
     cached.flush()
-    namespace = cached.engine.namespace("default")
+    namespace = cached.engine.loaded.namespace("default")
     block = block_hashes(PROMPT, namespace)[1]
-    collision(settings.blob_root / cached.cache.blobs.relative_path(namespace, block))
+    collision(cached.cache.blobs.path(namespace, block))
     match = cached.cache.lookup(namespace, PROMPT, max_blocks=3)  # what a request does first
     assert match.num_blocks == 1
     assert not redis_client.exists(cached.cache.index.block_key(namespace, block))
-    assert not (settings.blob_root / cached.cache.blobs.relative_path(namespace, block)).exists()
+    assert not (cached.cache.blobs.path(namespace, block)).exists()

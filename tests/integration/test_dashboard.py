@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.api import Api
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

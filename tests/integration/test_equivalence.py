@@ -6,25 +6,33 @@ prompt, then compares a second prompt computed through the cache with the same p
 
 from __future__ import annotations
 
+import queue
+
 import pytest
 import torch
 
-from engine.generate import SamplingParams
-from engine.worker import Engine, Event, Finished, GenerationRequest, PrefillDone, TokenDelta
+from engine.forward import prefill
+from engine.loader import load_prefix
+from engine.requests import Event, Failed, Finished, GenerationRequest, PrefillDone, TokenDelta
+from engine.sampling import SamplingParams
+from engine.worker import Engine
 from hashing import BLOCK_SIZE
+from tests.helpers import random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 def tokens(n: int, seed: int = 0) -> tuple[int, ...]:
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randint(10, 390, (n,), generator=g).tolist())
+    return tuple(random_tokens(n, seed))
 
 
 def run(engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12) -> tuple[list[int], int, str]:
-    """Generate on the calling thread: (token ids, cached tokens, finish reason)."""
-    events: list[Event] = []
-    engine.generate(GenerationRequest(prompt, max_tokens, GREEDY), events.append)
+    """Generate through the engine's threads: (token ids, cached tokens, finish reason)."""
+    arrived: queue.Queue[Event] = queue.Queue()
+    engine.submit(GenerationRequest(prompt, max_tokens, GREEDY), arrived.put)
+    events = [arrived.get(timeout=120)]
+    while not isinstance(events[-1], Finished | Failed):
+        events.append(arrived.get(timeout=120))
     done = next(e for e in events if isinstance(e, PrefillDone))
     finished = next(e for e in events if isinstance(e, Finished))
     return (
@@ -32,6 +40,15 @@ def run(engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12) -> tuple[
         done.cached_tokens,
         finished.finish_reason,
     )
+
+
+def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tensor, int, int]:
+    """The lookup stage and the prefill, on this thread: (last-position logits, cached tokens,
+    positions in the past afterwards)."""
+    buffers = engine.buffers.acquire(len(prompt))
+    prefix = load_prefix(engine.cache, engine.loaded.namespace("default"), prompt, buffers)
+    logits = prefill(engine.loaded.model, prompt[prefix.cached_tokens :], prefix.past, prefix.cached_tokens)
+    return logits, prefix.cached_tokens, prefix.past.get_seq_length()
 
 
 @pytest.fixture
@@ -59,12 +76,11 @@ def test_cached_equals_cold(engines, warm_len, prompt_len, expected_cached) -> N
     run(cached, prompt[:warm_len], max_tokens=1)
     assert cached.cache is not None and cached.cache.flush(30)
 
-    ns = cached.namespace("default")
-    warm_result = cached.prefill_prompt(ns, prompt[:prompt_len], lambda: False)
-    cold_result = cold.prefill_prompt(ns, prompt[:prompt_len], lambda: False)
-    assert warm_result.cached_tokens == expected_cached and cold_result.cached_tokens == 0
-    assert torch.allclose(warm_result.logits, cold_result.logits, atol=1e-4, rtol=0)
-    assert warm_result.past.get_seq_length() == prompt_len  # no token fed twice
+    warm_logits, warm_reused, warm_fed = prefill_prompt(cached, prompt[:prompt_len])
+    cold_logits, cold_reused, _ = prefill_prompt(cold, prompt[:prompt_len])
+    assert warm_reused == expected_cached and cold_reused == 0
+    assert torch.allclose(warm_logits, cold_logits, atol=1e-4, rtol=0)
+    assert warm_fed == prompt_len  # no token fed twice
 
     warm_tokens, warm_cached, warm_reason = run(cached, prompt[:prompt_len])
     cold_tokens, _, cold_reason = run(cold, prompt[:prompt_len])
@@ -91,5 +107,5 @@ def test_full_hit_prefills_exactly_one_token(engines) -> None:
     prompt = tokens(256)
     run(cached, prompt, max_tokens=1)
     assert cached.cache is not None and cached.cache.flush(30)
-    result = cached.prefill_prompt(cached.namespace("default"), prompt, lambda: False)
-    assert (result.cached_tokens, result.past.get_seq_length()) == (255, 256)
+    _, reused, fed = prefill_prompt(cached, prompt)
+    assert (reused, fed) == (255, 256)

@@ -15,8 +15,7 @@ import redis
 
 from proxy.config import Settings
 from tests.api import Api
-from tests.helpers import RedisServer, free_port
-from tests.integration.conftest import random_tokens
+from tests.helpers import RedisServer, free_port, random_tokens
 
 PROMPTS = [random_tokens(300, seed=80 + i) for i in range(4)]
 
@@ -175,7 +174,7 @@ def test_disk_faults(fault, settings, tiny_model, serve, cold, caplog, redis_cli
                 result = api.complete(p)
                 assert result.status == 200 and result.key == cold.complete(p).key
             api.flush()
-            assert api.cache.stats.save_errors == len(PROMPTS)
+            assert api.cache.stats().save_errors == len(PROMPTS)
             assert not list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
         warnings = [r for r in caplog.records if "cannot write block blobs" in r.getMessage()]
         assert len(warnings) == 1

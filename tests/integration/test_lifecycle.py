@@ -11,7 +11,7 @@ import httpx
 
 from hashing import block_hashes
 from tests.api import Api
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 P = random_tokens(300, seed=61)  # 300 prompt + 8 generated tokens: two full blocks
 
@@ -69,7 +69,7 @@ def test_orphaned_descendants_are_never_served_and_are_reclaimed(cached, setting
     prompt = random_tokens(3 * 128 + 30, seed=62)
     cached.complete(prompt)
     cached.flush()
-    namespace = cached.engine.namespace("default")
+    namespace = cached.engine.loaded.namespace("default")
     hashes = block_hashes(prompt, namespace)
     redis_client.delete(cached.cache.index.block_key(namespace, hashes[0]))  # as if it expired
     assert cached.cache.lookup(namespace, prompt, 3).num_blocks == 0
@@ -84,23 +84,23 @@ def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
     cached.complete(a)
     cached.flush()
     block_size = cached.cache.index.total_bytes() // 2
-    cached.cache.max_bytes = 4 * block_size
+    cached.cache.writer.max_bytes = 4 * block_size
     cached.complete(b)
     cached.flush()
-    assert cached.cache.index.num_blocks() == 4 and cached.cache.stats.evicted_budget == 0
+    assert cached.cache.index.num_blocks() == 4 and cached.cache.stats().evicted_budget == 0
     cached.complete(a)  # A is now more recently used than B
     cached.complete(c[:200])  # one new block: B's tail must go
     cached.flush()
-    namespace = cached.engine.namespace("default")
+    namespace = cached.engine.loaded.namespace("default")
     hb = block_hashes(b, namespace)
-    assert cached.cache.stats.evicted_budget == 1
-    assert not (settings.blob_root / cached.cache.blobs.relative_path(namespace, hb[1])).exists()
-    assert (settings.blob_root / cached.cache.blobs.relative_path(namespace, hb[0])).exists()
+    assert cached.cache.stats().evicted_budget == 1
+    assert not (cached.cache.blobs.path(namespace, hb[1])).exists()
+    assert (cached.cache.blobs.path(namespace, hb[0])).exists()
     assert cached.cache.index.total_bytes() <= 4 * block_size
     assert cached.cache.lookup(namespace, a, 2).num_blocks == 2
     cached.complete(c)  # C's second block: B's head goes next
     cached.flush()
-    assert cached.cache.stats.evicted_budget == 2
+    assert cached.cache.stats().evicted_budget == 2
     assert cached.cache.lookup(namespace, b, 2).num_blocks == 0
     assert cached.cache.index.total_bytes() <= 4 * block_size
 
@@ -154,7 +154,7 @@ def test_cli_stats_gc_clear(cached, settings, key_prefix):
 
     assert '"blocks": 2' in cli("stats")
     assert '"unindexed_blobs": 0' in cli("gc")
-    namespace = cached.engine.namespace("default").hex()
+    namespace = cached.engine.loaded.namespace("default").hex()
     assert cli("clear", "--namespace", "0" * 32) == '{"removed_blocks": 0}\n'
     assert cli("clear", "--namespace", namespace) == '{"removed_blocks": 2}\n'
     assert files(settings) == []

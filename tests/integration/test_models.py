@@ -36,7 +36,7 @@ def test_missing_model_path_exits_with_advice(tmp_path) -> None:
 
 def test_directory_without_weights_is_refused(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ModelError, match="config.json and \\*.safetensors"):
+    with pytest.raises(ModelError, match=r"config\.json and \*\.safetensors"):
         load_model(str(tmp_path), cache_dir=tmp_path)
 
 

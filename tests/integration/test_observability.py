@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hashing import block_hashes
 from tests.api import Api
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 
 def scrape(api: Api) -> dict[tuple[str, tuple], float]:
@@ -57,7 +57,7 @@ def test_metric_labels_are_bounded(cached, settings, redis_client) -> None:
     cached.cache.ram.clear()  # the block must come from its (damaged) blob
     post(cached, prompt)
     text = httpx.get(f"{cached.server.base_url}/metrics").text
-    namespace = cached.engine.namespace("default")
+    namespace = cached.engine.loaded.namespace("default")
     assert namespace.hex() not in text
     assert not [h for h in block_hashes(prompt, namespace) if h.hex() in text]
     labels = set(re.findall(r'(\w+)="([^"]*)"', text))

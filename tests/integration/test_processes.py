@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import REDIS_URL
-from tests.helpers import free_port
-from tests.integration.conftest import random_tokens
+from tests.helpers import free_port, random_tokens
 
 
 def start(model_dir, port: int, key_prefix: str, blob_dir) -> subprocess.Popen:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tests.api import Api
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 PROMPT = random_tokens(3 * 128 + 20, seed=61)
 
@@ -27,7 +27,7 @@ def test_hot_blocks_are_served_without_reading_their_blobs(cached, cold, setting
         blob.unlink()
     result = cached.complete(PROMPT)
     assert result.cached_tokens == 384
-    assert cached.cache.stats.blocks_from_ram == 3
+    assert cached.cache.stats().blocks_from_ram == 3
     assert result.key == cold.complete(PROMPT).key
 
 
@@ -39,9 +39,9 @@ def test_blocks_read_from_disk_enter_ram(settings, tiny_model, serve) -> None:
     with serve(settings, tiny_model) as second:
         api = Api(second)
         assert api.complete(PROMPT).cached_tokens == 384
-        assert api.cache.stats.blocks_from_ram == 0
+        assert api.cache.stats().blocks_from_ram == 0
         assert api.complete(PROMPT).cached_tokens == 384
-        assert api.cache.stats.blocks_from_ram == 3 and len(api.cache.ram) == 3
+        assert api.cache.stats().blocks_from_ram == 3 and len(api.cache.ram) == 3
 
 
 def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_prefix) -> None:
@@ -52,14 +52,14 @@ def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_pr
     assert len(cached.cache.ram) == 3
     redis_client.delete(*redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
     assert cached.complete(PROMPT).cached_tokens == 0
-    assert cached.cache.stats.blocks_from_ram == 0
+    assert cached.cache.stats().blocks_from_ram == 0
 
 
 def test_a_request_right_after_another_hits_while_the_writer_is_behind(cached, cold, settings) -> None:
     """The disk writer is held up: the repeat still hits all 3 blocks (from the blocks being
     saved), answers like cold, and the blocks reach the disk once the writer resumes."""
     gate = threading.Event()
-    assert cached.cache._enqueue(gate.wait)  # the writer is busy until the gate opens
+    assert cached.cache.writer.enqueue(gate.wait)  # the writer is busy until the gate opens
     cached.complete(PROMPT)
     result = cached.complete(PROMPT)
     on_disk = list(settings.blob_root.rglob("*.safetensors"))
@@ -67,4 +67,4 @@ def test_a_request_right_after_another_hits_while_the_writer_is_behind(cached, c
     cached.flush()
     assert result.cached_tokens == 384 and not on_disk
     assert result.key == cold.complete(PROMPT).key
-    assert len(list(settings.blob_root.rglob("*.safetensors"))) >= 3 and not cached.cache._pending
+    assert len(list(settings.blob_root.rglob("*.safetensors"))) >= 3 and not cached.cache.writer.pending

@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import redis
 import torch
 
-from hashing import BLOCK_SIZE, block_hashes, namespace_digest
+from hashing import BLOCK_SIZE, block_hashes
 from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
-from store.interface import KVSpec
+from tests.helpers import NS, SPEC, kv
 
-SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
-NS = namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t")
 IDS = list(range(3 * BLOCK_SIZE + 10))
 
 
-def make(redis_client: redis.Redis, key_prefix: str, tmp_path: Path, ttl_s: int = 600) -> BlockCache:
-    return BlockCache(RedisIndex(redis_client, key_prefix), BlobStore(tmp_path), SPEC, ttl_s=ttl_s)
-
-
-def kv(num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (SPEC.num_layers, SPEC.num_kv_heads, BLOCK_SIZE * num_blocks, SPEC.head_dim)
-    torch.manual_seed(num_blocks)
-    return torch.randn(shape), torch.randn(shape)
-
-
-def test_saved_blocks_come_back_verified_in_order(redis_client, key_prefix, tmp_path) -> None:
+def test_saved_blocks_come_back_verified_in_order(make_cache, redis_client, key_prefix, tmp_path) -> None:
     """Three blocks saved; a lookup of the same tokens returns exactly them, bit for bit."""
-    cache = make(redis_client, key_prefix, tmp_path)
+    cache = make_cache(SPEC)
     key, value = kv(3)
     cache.save(NS, IDS, 0, key, value)
     assert cache.flush(30)
@@ -38,12 +24,12 @@ def test_saved_blocks_come_back_verified_in_order(redis_client, key_prefix, tmp_
     assert [b.index for b in match.blocks] == [0, 1, 2] and match.num_tokens == 3 * BLOCK_SIZE
     assert torch.equal(torch.cat([b.key for b in match.blocks], dim=2), key)
     assert torch.equal(torch.cat([b.value for b in match.blocks], dim=2), value)
-    assert cache.stats.blocks_saved == 3
+    assert cache.stats().blocks_saved == 3
 
 
-def test_index_entries_carry_a_ttl_and_only_metadata(redis_client, key_prefix, tmp_path) -> None:
+def test_index_entries_carry_a_ttl_and_only_metadata(make_cache, redis_client, key_prefix, tmp_path) -> None:
     """Block entries have a TTL and are small (no tensors in Redis)."""
-    cache = make(redis_client, key_prefix, tmp_path, ttl_s=123)
+    cache = make_cache(SPEC, ttl_s=123)
     cache.save(NS, IDS, 0, *kv(2))
     assert cache.flush(30)
     keys = list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
@@ -53,20 +39,21 @@ def test_index_entries_carry_a_ttl_and_only_metadata(redis_client, key_prefix, t
         assert len(redis_client.get(k)) < 400
 
 
-def test_blob_files_are_where_the_design_says(redis_client, key_prefix, tmp_path) -> None:
+def test_blob_files_are_where_the_design_says(make_cache, redis_client, key_prefix, tmp_path) -> None:
     """{blob_dir}/{ns}/{hash[:2]}/{hash}.safetensors, and no temporary file left behind."""
-    cache = make(redis_client, key_prefix, tmp_path)
+    cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(1))
     assert cache.flush(30)
     h = block_hashes(IDS, NS)[0].hex()
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+    root = tmp_path / "blobs"
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
         f"{NS.hex()}/{h[:2]}/{h}.safetensors"
     ]
 
 
-def test_lookup_stops_at_the_first_missing_block(redis_client, key_prefix, tmp_path) -> None:
+def test_lookup_stops_at_the_first_missing_block(make_cache, redis_client, key_prefix, tmp_path) -> None:
     """Block 1's index entry deleted: only block 0 is served, block 2 is never loaded."""
-    cache = make(redis_client, key_prefix, tmp_path)
+    cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(3))
     assert cache.flush(30)
     hashes = block_hashes(IDS, NS)
@@ -74,22 +61,26 @@ def test_lookup_stops_at_the_first_missing_block(redis_client, key_prefix, tmp_p
     assert [b.index for b in cache.lookup(NS, IDS, max_blocks=3).blocks] == [0]
 
 
-def test_a_corrupt_blob_ends_the_prefix_and_drops_its_entry(redis_client, key_prefix, tmp_path) -> None:
+def test_a_corrupt_blob_ends_the_prefix_and_drops_its_entry(
+    make_cache, redis_client, key_prefix, tmp_path
+) -> None:
     """Block 1's blob truncated: a miss from block 1 on, its entry removed and counted."""
-    cache = make(redis_client, key_prefix, tmp_path)
+    cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(3))
     assert cache.flush(30)
     hashes = block_hashes(IDS, NS)
-    blob = tmp_path / cache.blobs.relative_path(NS, hashes[1])
+    blob = cache.blobs.path(NS, hashes[1])
     blob.write_bytes(blob.read_bytes()[:1000])
     assert cache.lookup(NS, IDS, max_blocks=3).num_blocks == 1
     assert not redis_client.exists(cache.index.block_key(NS, hashes[1]))
-    assert cache.stats.verification_failures == 1
+    assert cache.stats().verification_failures == 1
 
 
-def test_other_tokens_under_a_cached_prefix_miss_after_it(redis_client, key_prefix, tmp_path) -> None:
+def test_other_tokens_under_a_cached_prefix_miss_after_it(
+    make_cache, redis_client, key_prefix, tmp_path
+) -> None:
     """A prompt sharing only block 0 matches one block."""
-    cache = make(redis_client, key_prefix, tmp_path)
+    cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(3))
     assert cache.flush(30)
     other = IDS[:BLOCK_SIZE] + [5] * (2 * BLOCK_SIZE)

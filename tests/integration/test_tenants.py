@@ -7,7 +7,7 @@ import pytest
 from openai import AuthenticationError, OpenAI
 
 from tests.api import Api
-from tests.integration.conftest import random_tokens
+from tests.helpers import random_tokens
 
 PROMPT = random_tokens(300, seed=201)
 
@@ -39,10 +39,10 @@ def test_keys_never_share_but_chosen_keys_do(keyed) -> None:
     Api(keyed).flush()
     assert cached(complete(keyed, "key-a")) == 256  # A's repeat is a hit
 
-    before = engine.stats.prefill_tokens
+    before = engine.stats().prefill_tokens
     b = complete(keyed, "key-b", user="key-a", prompt_cache_key="shared", cache_salt="")
     assert cached(b) == 0
-    assert engine.stats.prefill_tokens - before == len(PROMPT)  # nothing reused: a fresh prompt's work
+    assert engine.stats().prefill_tokens - before == len(PROMPT)  # nothing reused: a fresh prompt's work
     assert b["choices"][0]["text"] == first["choices"][0]["text"]  # same model, same answer
 
     complete(keyed, "key-c1")

@@ -1,0 +1,179 @@
+"""Forward passes: ``prefill`` a suffix on a past, ``decode_step`` one token, ``decode_batch`` the
+next token of several sequences at once.
+
+Positions are the single source of truth: the token at absolute position p is fed with
+``cache_position = position_ids = p``, whether its past came from the cache or from this request.
+
+Batched decode reads the weights once for the whole batch (the linear layers see ``[batch, 1,
+hidden]``), while attention runs per sequence on that sequence's own K/V, so no past is ever
+padded or copied into a shared tensor. This works through transformers' attention interface: the
+model is switched to the ``"kvproxy"`` attention, which is transformers' SDPA for ordinary calls
+and per-row SDPA (reading the K/V heads directly, grouped-query mode) when handed ``RowKV``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+PREFILL_CHUNK_TOKENS = 256
+"""Prefill in chunks of this many tokens, so other requests' decode steps run between chunks and
+a cancelled request stops between them (a chunk takes about half a second for the default model
+on 2 CPU cores)."""
+
+ATTENTION = "kvproxy"
+
+
+class Cancelled(Exception):
+    """The request was cancelled (its client went away) during prefill."""
+
+
+@torch.inference_mode()
+def prefill_chunks(
+    model: Any, suffix_ids: Sequence[int], past: DynamicCache, start_pos: int
+) -> Iterator[torch.Tensor]:
+    """Feed ``suffix_ids`` at positions ``start_pos ..`` on top of ``past`` (grown in place), one
+    chunk of ``PREFILL_CHUNK_TOKENS`` per iteration.
+
+    Args:
+        suffix_ids: at least one token id.
+        past: K/V of positions ``[0, start_pos)``.
+
+    Yields:
+        After each chunk, the logits of its last position, ``[vocab_size]`` float32; the last
+        yield is the prompt's next-token distribution.
+    """
+    assert len(suffix_ids) > 0 and past.get_seq_length() == start_pos
+    for offset in range(0, len(suffix_ids), PREFILL_CHUNK_TOKENS):
+        chunk = suffix_ids[offset : offset + PREFILL_CHUNK_TOKENS]
+        yield _forward(model, chunk, past, start_pos + offset)
+
+
+def prefill(
+    model: Any,
+    suffix_ids: Sequence[int],
+    past: DynamicCache,
+    start_pos: int,
+    is_cancelled: Callable[[], bool] = lambda: False,
+) -> torch.Tensor:
+    """``prefill_chunks`` to the end: the logits ``[vocab_size]`` of the last prompt position.
+
+    Raises:
+        Cancelled: ``is_cancelled()`` turned true between chunks.
+    """
+    logits = None
+    for chunk_logits in prefill_chunks(model, suffix_ids, past, start_pos):
+        if is_cancelled():  # NOTE: also after the last chunk: a client that left gets nothing
+            raise Cancelled
+        logits = chunk_logits
+    assert logits is not None
+    return logits
+
+
+@torch.inference_mode()
+def decode_step(model: Any, token_id: int, past: DynamicCache, pos: int) -> torch.Tensor:
+    """Feed one token at position ``pos``; returns the next-token logits ``[vocab_size]``."""
+    return _forward(model, [token_id], past, pos)
+
+
+def _forward(model: Any, ids: Sequence[int], past: DynamicCache, start: int) -> torch.Tensor:
+    device = next(model.parameters()).device
+    positions = torch.arange(start, start + len(ids), device=device)
+    out = model(
+        input_ids=torch.tensor([list(ids)], device=device),
+        cache=past,
+        cache_position=positions,
+        position_ids=positions.unsqueeze(0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[0, -1].float()
+
+
+@torch.inference_mode()
+def decode_batch(
+    model: Any, token_ids: Sequence[int], pasts: Sequence[DynamicCache], positions: Sequence[int]
+) -> torch.Tensor:
+    """Feed token ``token_ids[b]`` at position ``positions[b]`` on ``pasts[b]`` for every row b
+    in one forward pass (each past grows by one position); the model must use the batched
+    attention (``use_batched_attention``).
+
+    Returns:
+        Next-token logits ``[batch, vocab_size]`` float32.
+    """
+    device = next(model.parameters()).device
+    batch = len(token_ids)
+    out = model(
+        input_ids=torch.tensor(token_ids, device=device).view(batch, 1),
+        cache=RowsPast(pasts),
+        position_ids=torch.tensor(positions, device=device).view(batch, 1),
+        # NOTE: a ready 4-D mask makes transformers skip building one; rows need none (one query
+        # token attends to its whole past).
+        attention_mask=torch.ones((batch, 1, 1, 1), dtype=torch.bool, device=device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1].float()
+
+
+class RowKV(list[tuple[torch.Tensor, torch.Tensor]]):
+    """Per-row ``(key, value)``, each ``[1, num_kv_heads, seq_len_of_row, head_dim]``."""
+
+
+class RowsPast:
+    """The past of a batch of sequences, as seen by one forward pass of the model.
+
+    Args:
+        pasts: one cache per row (grown in place by the forward pass).
+    """
+
+    def __init__(self, pasts: Sequence[DynamicCache]) -> None:
+        self.pasts = pasts
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_kwargs: object
+    ) -> tuple[RowKV, RowKV]:
+        """Append row b's new K/V ``[batch, num_kv_heads, 1, head_dim]`` to past b, layer
+        ``layer_idx``; returns every row's whole K/V for the attention function."""
+        rows = RowKV(
+            cast(DynamicLayer, past.layers[layer_idx]).update(key_states[b : b + 1], value_states[b : b + 1])
+            for b, past in enumerate(self.pasts)
+        )
+        return rows, rows
+
+
+def _attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RowKV,
+    value: torch.Tensor | RowKV,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, or, for ``RowKV``, SDPA row by row (query ``[batch, heads,
+    1, head_dim]``); returns ``[batch, q_len, heads, head_dim]``."""
+    if not isinstance(key, RowKV):
+        assert not isinstance(value, RowKV)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    out = torch.cat(
+        [
+            F.scaled_dot_product_attention(query[b : b + 1], k, v, scale=scaling, enable_gqa=True)
+            for b, (k, v) in enumerate(key)
+        ]
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_batched_attention(model: Any) -> None:
+    """Switch ``model`` to the ``"kvproxy"`` attention (identical to SDPA for a single sequence)."""
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(ATTENTION)

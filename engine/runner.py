@@ -1,0 +1,168 @@
+"""The runner: computes one step on the model thread, and what follows from it.
+
+A prefill chunk of one sequence; at the end of its prompt, ``PrefillDone``, the first token and
+the prompt's new blocks handed to the cache. A batched decode step of the others; each token
+sampled and emitted. At the end of a sequence, ``Finished``, the blocks its completion completed
+handed to the cache, its buffers given back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.forward import decode_batch, decode_step
+from engine.kv import BufferPool, blocks_from_past
+from engine.loading import LoadedModel
+from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
+from engine.sampling import logprobs
+from engine.scheduler import Step
+from engine.sequence import Sequence, State
+from hashing import BLOCK_SIZE, num_full_blocks
+from store.interface import PrefixCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    """Token counters of an engine: every fed token is counted once, so prefill_tokens +
+    decode_tokens is exactly what the model computed; decode_tokens / decode_steps is the mean
+    decode batch size."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    decode_steps: int = 0
+
+
+class Runner:
+    """Runs steps (see the module docstring); only ever called from the model thread."""
+
+    def __init__(self, loaded: LoadedModel, cache: PrefixCache | None, buffers: BufferPool) -> None:
+        self.loaded, self.cache, self.buffers = loaded, cache, buffers
+        self.stats = EngineStats()
+
+    def run(self, step: Step) -> None:
+        """One prefill chunk and one batched decode step; a failure fails the sequences of that
+        part with ``Failed`` (the others go on)."""
+        if step.prefill is not None:
+            self._guarded([step.prefill], self._prefill)
+        decoding = [seq for seq in step.decode if seq.state is State.DECODING]
+        if decoding:
+            self._guarded(decoding, self._decode)
+
+    def _guarded(self, sequences: list[Sequence], part: Callable[..., None]) -> None:
+        try:
+            part(*sequences)
+        except Exception as exc:
+            log.exception("generation failed")
+            for seq in sequences:
+                if seq.state is not State.FINISHED:
+                    self._fail(seq, exc)
+
+    def _prefill(self, seq: Sequence) -> None:
+        """The next chunk of the prompt; at its end, the first token."""
+        if seq.error is not None:
+            self._fail(seq, seq.error)
+            return
+        if seq.cancelled:
+            self._end(seq, "cancelled")
+            return
+        logits = next(seq.chunks)
+        if seq.fed < seq.n:
+            return
+        n = seq.n
+        elapsed = time.perf_counter() - seq.admitted
+        done = PrefillDone(n, seq.cached_tokens, seq.cached_blocks, seq.miss_reason, seq.load_s, elapsed)
+        seq.handle.emit(done)
+        self.stats.requests += 1
+        self.stats.prompt_tokens += n
+        self.stats.cached_tokens += seq.cached_tokens
+        self.stats.prefill_tokens += n - seq.cached_tokens
+        seq.state = State.DECODING
+        reason = self._next_token(seq, logits)
+        # NOTE: saved after the first token is out, so storing never delays time to first token
+        self._save(seq, seq.request.prompt_ids, seq.cached_blocks, num_full_blocks(n))
+        if reason is not None:
+            self._end(seq, reason)
+
+    def _decode(self, *sequences: Sequence) -> None:
+        """Feed every sequence's last token in one forward pass and sample the next ones."""
+        for seq in sequences:
+            if seq.cancelled:
+                self._end(seq, "cancelled")
+        running = [seq for seq in sequences if seq.state is State.DECODING]
+        if not running:
+            return
+        model = self.loaded.model
+        tokens = [seq.generated[-1] for seq in running]
+        positions = [seq.fed for seq in running]
+        pasts = [seq.past for seq in running if seq.past is not None]
+        if len(running) == 1:
+            logits = decode_step(model, tokens[0], pasts[0], positions[0]).unsqueeze(0)
+        else:
+            logits = decode_batch(model, tokens, pasts, positions)
+        self.stats.decode_tokens += len(running)
+        self.stats.decode_steps += 1
+        for seq, row in zip(running, logits, strict=True):
+            reason = self._next_token(seq, row)
+            if reason is not None:
+                self._end(seq, reason)
+
+    def _next_token(self, seq: Sequence, logits: torch.Tensor) -> FinishReason | None:
+        """Sample and emit the next token; the finish reason when the sequence ends with it."""
+        if seq.cancelled:
+            return "cancelled"
+        token = seq.sampler(logits)
+        seq.generated.append(token)
+        if token in self.loaded.eos_token_ids:
+            return "stop"
+        logprob, top = logprobs(logits, token, seq.request.top_logprobs)
+        seq.handle.emit(TokenDelta(token, seq.text.push(token), logprob, top))
+        if seq.text.stopped:
+            return "stop"
+        return "length" if len(seq.generated) >= seq.request.max_tokens else None
+
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
+        """Emit ``Finished``; store the blocks the completion completed (not for a cancelled one)."""
+        if reason == "cancelled":
+            seq.handle.emit(Finished("cancelled", len(seq.generated)))
+        else:
+            seq.handle.emit(Finished(reason, len(seq.generated), seq.text.finish()))
+            sequence = seq.request.prompt_ids + tuple(seq.generated)
+            self._save(seq, sequence, num_full_blocks(seq.n), num_full_blocks(seq.fed))
+        self._release(seq)
+
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        self._release(seq)
+        seq.handle.emit(Failed(error))
+
+    def _release(self, seq: Sequence) -> None:
+        seq.state = State.FINISHED
+        if seq.buffers is not None:
+            self.buffers.release(seq.buffers)
+            seq.buffers = None
+
+    def _save(self, seq: Sequence, token_ids: tuple[int, ...], first_block: int, end_block: int) -> None:
+        """Hand blocks ``[first_block, end_block)`` of ``token_ids`` (fed, so in the past) to the
+        cache."""
+        if self.cache is None or end_block <= first_block:
+            return
+        assert seq.past is not None
+        key, value = blocks_from_past(seq.past, first_block, end_block)
+        namespace = self.loaded.namespace(seq.request.tenant)
+        self.cache.save(
+            namespace, token_ids[: end_block * BLOCK_SIZE], first_block, key, value, seq.request.cache_ttl_s
+        )
+
+    def snapshot(self) -> EngineStats:
+        """A copy of the counters."""
+        return dataclasses.replace(self.stats)

@@ -1,0 +1,58 @@
+"""What the index records: one entry per block, and the block's name (its *member*) in the index."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from hashing import BlockHash, Namespace
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """What the index knows of one block.
+
+    Attributes:
+        blob: blob path relative to the blob store root.
+        size: size of the blob file in bytes (``"bytes"`` in the JSON).
+        parent: hex hash of the previous block in the chain, or ``""`` for block 0.
+        created: Unix time (seconds) the entry was published.
+    """
+
+    blob: str
+    size: int
+    parent: str
+    created: float
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"blob": self.blob, "bytes": self.size, "parent": self.parent, "created": self.created}
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> IndexEntry:
+        doc = json.loads(raw)
+        return cls(str(doc["blob"]), int(doc["bytes"]), str(doc["parent"]), float(doc["created"]))
+
+
+def member_name(namespace: Namespace, block_hash: BlockHash) -> str:
+    """A block's name in the index, ``{namespace_hex}:b:{hash_hex}``."""
+    return f"{namespace.hex()}:b:{block_hash.hex()}"
+
+
+def parse_member(member: str) -> tuple[Namespace, BlockHash]:
+    """Inverse of ``member_name``.
+
+    Raises:
+        ValueError: not a member name.
+    """
+    ns_hex, kind, hash_hex = member.split(":")
+    if kind != "b":
+        raise ValueError(member)
+    return Namespace(bytes.fromhex(ns_hex)), BlockHash(bytes.fromhex(hash_hex))
+
+
+def new_entry(blob: str, size: int, parent: BlockHash | None) -> IndexEntry:
+    """An entry for a blob just written, created now."""
+    return IndexEntry(blob, size, parent.hex() if parent is not None else "", time.time())

@@ -1,0 +1,76 @@
+"""How the cache's parts meet faults: Redis calls through a circuit breaker, warnings once per burst.
+
+Every part of the cache (lookup, writer, collector, administration) calls Redis through one
+``Guard``, so one failure anywhere opens the breaker for all of them, is counted once and logged
+once; while the breaker is open nobody waits on Redis (a miss costs nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+
+from store.breaker import CircuitBreaker
+from store.stats import StatsRecorder
+
+log = logging.getLogger("store")
+T = TypeVar("T")
+
+WARN_EVERY_S = 60.0
+
+
+class Guard:
+    """A circuit breaker for the Redis index plus rate-limited warnings.
+
+    Args:
+        cooldown_s: how long to skip Redis after it failed.
+        stats: where Redis failures are counted (``redis_errors``).
+    """
+
+    def __init__(self, cooldown_s: float, stats: StatsRecorder) -> None:
+        self.breaker = CircuitBreaker(cooldown_s)
+        self.stats = stats
+        self._last_warning: dict[str, float] = {}
+
+    def allow(self) -> bool:
+        """Whether Redis may be tried now."""
+        return self.breaker.allow()
+
+    def redis(self, operation: str, fn: Callable[..., T], *args: object) -> T | None:
+        """``fn(*args)``, or None when the breaker is open or Redis fails (which opens it)."""
+        if not self.breaker.allow():
+            return None
+        try:
+            result = fn(*args)
+        except redis.RedisError as exc:
+            self.failed(operation, exc)
+            return None
+        self.succeeded()
+        return result
+
+    def failed(self, operation: str, exc: Exception) -> None:
+        """Count a Redis failure and open the breaker (logged when it opens)."""
+        self.stats.add(redis_errors=1)
+        if self.breaker.failure():
+            log.warning(
+                "Redis index unreachable during %s (%s): serving uncached; caching resumes on its "
+                "own when Redis answers. Start Redis or set KVPROXY_REDIS_URL.",
+                operation,
+                exc,
+            )
+
+    def succeeded(self) -> None:
+        """Close the breaker after a successful call (logged when it was open)."""
+        if self.breaker.success():
+            log.info("Redis index answers again: caching resumed")
+
+    def warn(self, kind: str, message: str, *args: object) -> None:
+        """Log a warning at most once per ``WARN_EVERY_S`` seconds per kind (one per burst)."""
+        now = time.monotonic()
+        if now - self._last_warning.get(kind, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._last_warning[kind] = now
+            log.warning(message, *args)

@@ -1,0 +1,184 @@
+"""The lookup: a prompt's longest cached prefix, matched, read and verified within a bounded time.
+
+One Redis round trip lists the leading blocks the index holds (refreshing their TTL and LRU
+position); each is then taken from the RAM tier or read from the blob store and verified, in
+chain order, and blocks this process is still saving extend the prefix. The prefix ends at the
+first block that cannot be served, for a typed reason (``MissReason``).
+
+Blob reads run on a few daemon threads of their own: a read that hangs in the kernel (a stuck
+network mount) holds one of them, never the caller, which gives up after ``read_timeout_s`` and
+serves the blocks verified so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
+from time import monotonic
+from typing import Any
+
+from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
+from store.blobs import BlobStore
+from store.guard import Guard
+from store.interface import KVBlock, KVSpec, PrefixMatch
+from store.outcomes import MissReason
+from store.parts import BlockIndex
+from store.ram import RamTier
+from store.serde import BlockVerificationError, decode_block
+from store.stats import StatsRecorder
+from store.writer import BlockWriter
+
+log = logging.getLogger(__name__)
+
+
+class ReaderPool:
+    """Daemon threads running blob reads; ``submit`` returns a future at once.
+
+    NOTE: not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at interpreter
+    exit, so one read stuck in the kernel would keep the process from ever exiting.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        for i in range(threads):
+            threading.Thread(target=self._loop, name=f"kvproxy-reader-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((future, fn))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            future, fn = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
+
+
+class PrefixLookup:
+    """Finds, reads and verifies cached prefixes (see the module docstring).
+
+    Args:
+        ttl_s: default TTL in seconds a hit refreshes its blocks to.
+        read_timeout_s: most seconds one lookup waits for blob reads.
+        readers: blob reads that may run (or hang) at once.
+    """
+
+    def __init__(
+        self,
+        index: BlockIndex,
+        blobs: BlobStore,
+        ram: RamTier,
+        writer: BlockWriter,
+        spec: KVSpec,
+        guard: Guard,
+        stats: StatsRecorder,
+        *,
+        ttl_s: int,
+        read_timeout_s: float,
+        readers: int = 4,
+    ) -> None:
+        self.index, self.blobs, self.ram, self.writer = index, blobs, ram, writer
+        self.spec, self.guard, self.stats = spec, guard, stats
+        self.ttl_s, self.read_timeout_s = ttl_s, read_timeout_s
+        self._readers = ReaderPool(readers)
+
+    def lookup(
+        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int | None, ttl_s: int | None
+    ) -> PrefixMatch:
+        """See ``PrefixCache.lookup``."""
+        limit = len(token_ids) if max_blocks is None else max_blocks * BLOCK_SIZE
+        match = self._match(namespace, token_ids, block_hashes(token_ids[:limit], namespace), ttl_s)
+        cached = reusable_tokens(len(token_ids), match.num_blocks)
+        self.stats.add(lookups=1, tokens_queried=len(token_ids), tokens_hit=cached)
+        failures = int(match.miss_reason == MissReason.FAILED_VERIFICATION)
+        self.writer.share(
+            namespace, prompt_tokens=len(token_ids), cached_tokens=cached, verification_failures=failures
+        )
+        return match
+
+    def _match(
+        self, namespace: Namespace, token_ids: Sequence[int], hashes: list[BlockHash], ttl_s: int | None
+    ) -> PrefixMatch:
+        if not hashes:
+            return PrefixMatch([])
+        found = self.guard.redis("match", self.index.match, namespace, hashes, ttl_s or self.ttl_s)
+        if found is None:
+            return PrefixMatch([], MissReason.UNAVAILABLE)
+        entries, seen = found
+        self.stats.add(blocks_matched=len(entries))
+        reason: MissReason | None = None
+        if len(entries) < len(hashes):
+            reason = MissReason.EXPIRED if seen else MissReason.NEVER_SEEN
+
+        blocks: list[KVBlock] = []
+        from_ram = 0
+        deadline = monotonic() + self.read_timeout_s
+        for i in range(len(entries)):
+            ids = block_tokens(token_ids, i)
+            block = self.ram.get(namespace, hashes[i])
+            if block is not None and block.token_ids == ids:
+                blocks.append(block)
+                from_ram += 1
+                continue
+            # NOTE: the blob is named by our own hash, never by the index entry, and verified
+            # against our own tokens: a wrong reply can only cause a miss.
+            read = self._readers.submit(partial(self.blobs.read, namespace, hashes[i]))
+            try:
+                data = read.result(timeout=max(0.0, deadline - monotonic()))
+                block = decode_block(
+                    data,
+                    index=i,
+                    block_hash=hashes[i],
+                    parent=hashes[i - 1] if i else None,
+                    namespace=namespace,
+                    token_ids=ids,
+                    spec=self.spec,
+                )
+            except FutureTimeout:
+                read.cancel()
+                self.stats.add(read_timeouts=1)
+                self.guard.warn("read", "a blob read took over %.1f s: served as a miss", self.read_timeout_s)
+                return self._done(blocks, from_ram, MissReason.TIMED_OUT)
+            except (OSError, BlockVerificationError) as exc:
+                # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
+                # never loaded, since their K/V depends on this one.
+                log.warning("cache block %d (%s) dropped: %s", i, hashes[i].hex(), exc)
+                self.stats.add(verification_failures=1)
+                self._discard(namespace, hashes[i])
+                return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION)
+            self.ram.put(namespace, block)
+            blocks.append(block)
+
+        # NOTE: blocks this process computed and is still saving extend the prefix the index
+        # lists, so a request sent right after another one hits without waiting for the disk.
+        for i in range(len(blocks), len(hashes)):
+            block = self.writer.pending.get(namespace, hashes[i])
+            if block is None or block.token_ids != block_tokens(token_ids, i):
+                break
+            blocks.append(block)
+            from_ram += 1
+        return self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
+
+    def _done(self, blocks: list[KVBlock], from_ram: int, reason: MissReason | None) -> PrefixMatch:
+        self.stats.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
+        return PrefixMatch(blocks, reason)
+
+    def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        """Remove a block that cannot be served: its RAM copy, its index entry, then its blob (so
+        the next save writes it afresh)."""
+        self.ram.drop(namespace, block_hash)
+        self.guard.redis("drop", self.index.drop, namespace, block_hash)
+        try:
+            self.blobs.delete(namespace, block_hash)
+        except OSError as exc:
+            self.guard.warn("delete", "cannot delete bad blob %s: %s", block_hash.hex(), exc)

@@ -1,0 +1,77 @@
+"""Typed outcomes of the cache, defined once here and used unchanged up to the HTTP headers, the
+explanation of a miss and the metric labels.
+
+- ``MissReason``: why the cached prefix of a prompt ends where it ends.
+- ``CacheKind``: ``hit`` / ``partial`` / ``miss`` for one request.
+- ``EvictionReason``: why blocks left the cache.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from hashing import BLOCK_SIZE, num_full_blocks
+
+
+class MissReason(StrEnum):
+    """Why the cached prefix of a prompt stops before its last full block (or why a prompt could
+    not hit at all). The value is what clients and dashboards see."""
+
+    NEVER_SEEN = "never seen"
+    """The first missing block was never stored (in this namespace)."""
+    EXPIRED = "expired or evicted"
+    """It was stored once; its TTL ran out or the byte budget evicted it."""
+    FAILED_VERIFICATION = "failed verification"
+    """Its blob was missing, unreadable or not the block the prompt needs; it was dropped."""
+    UNAVAILABLE = "cache unavailable"
+    """Redis did not answer (or its circuit breaker is open): served uncached."""
+    TIMED_OUT = "read timed out"
+    """Reading the blob did not finish within the lookup's time bound (a stuck disk or mount)."""
+    DISABLED = "cache disabled"
+    """The server runs with ``--no-cache``."""
+    BELOW_ONE_BLOCK = "below one block"
+    """The prompt is shorter than one block: nothing to look up."""
+    PARTIAL_LAST_BLOCK = "partial last block"
+    """Every full block hit; the tokens after the last full block are never cached."""
+
+
+CacheKind = Literal["hit", "partial", "miss"]
+"""``hit``: every full block of the prompt came from the cache; ``partial``: some did; ``miss``:
+none did (a prompt under one block is always a miss)."""
+
+EvictionReason = Literal["ttl", "budget", "verification_failure", "gc"]
+"""``ttl``: expired and reclaimed; ``budget``: least recently used beyond the byte budget;
+``verification_failure``: a blob that did not verify; ``gc``: orphans, entries without a blob and
+blobs without an entry."""
+
+
+def cache_kind(prompt_tokens: int, cached_blocks: int) -> CacheKind:
+    """The kind of a request whose ``cached_blocks`` leading full blocks came from the cache."""
+    if cached_blocks == 0:
+        return "miss"
+    return "hit" if cached_blocks >= num_full_blocks(prompt_tokens) else "partial"
+
+
+def first_miss(
+    prompt_tokens: int, cached_blocks: int, reason: MissReason | None
+) -> tuple[int | None, MissReason | None]:
+    """The first block not served from the cache, and why.
+
+    Args:
+        prompt_tokens: length of the prompt.
+        cached_blocks: leading full blocks served from the cache.
+        reason: why the lookup stopped (``PrefixMatch.miss_reason``), None if it did not.
+
+    Returns:
+        ``(block index, reason)``, or ``(None, None)`` when every prompt token but the last came
+        from the cache.
+    """
+    full = num_full_blocks(prompt_tokens)
+    if full == 0:
+        return 0, MissReason.BELOW_ONE_BLOCK
+    if cached_blocks < full:
+        return cached_blocks, reason or MissReason.NEVER_SEEN
+    if prompt_tokens % BLOCK_SIZE:
+        return full, MissReason.PARTIAL_LAST_BLOCK
+    return None, None

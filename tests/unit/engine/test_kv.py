@@ -1,0 +1,60 @@
+"""engine/kv.py: blocks become a model's past with one copy, and a past becomes blocks again."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv import BufferPool, blocks_from_past, past_from_blocks
+from hashing import BLOCK_SIZE, block_hashes, block_tokens
+from store.interface import KVBlock
+from tests.helpers import NS, SPEC, kv
+
+IDS = list(range(3 * BLOCK_SIZE))
+
+
+def blocks(n: int) -> list[KVBlock]:
+    key, value = kv(n)
+    hashes = block_hashes(IDS, NS)
+    return [
+        KVBlock(i, hashes[i], block_tokens(IDS, i), k, v)
+        for i, (k, v) in enumerate(zip(key.split(BLOCK_SIZE, 2), value.split(BLOCK_SIZE, 2), strict=True))
+    ]
+
+
+def pool(keep: int = 2) -> BufferPool:
+    like = torch.empty((SPEC.num_layers, SPEC.num_kv_heads, 0, SPEC.head_dim))
+    return BufferPool(like, keep=keep, granule=BLOCK_SIZE)
+
+
+def test_blocks_round_trip_through_a_past() -> None:
+    """Three blocks -> a past of 383 positions (the n - 1 rule) -> blocks 0..1 are the same K/V."""
+    given = blocks(3)
+    past = past_from_blocks(given, 3 * BLOCK_SIZE - 1, pool().acquire(3 * BLOCK_SIZE))
+    assert past.get_seq_length() == 383 and len(past.layers) == SPEC.num_layers
+    key, value = blocks_from_past(past, 0, 2)
+    assert key.shape == (SPEC.num_layers, SPEC.num_kv_heads, 2 * BLOCK_SIZE, SPEC.head_dim)
+    assert torch.equal(key, torch.cat([b.key for b in given[:2]], dim=2))
+    assert torch.equal(value, torch.cat([b.value for b in given[:2]], dim=2))
+
+
+def test_a_past_grows_in_place_then_by_doubling() -> None:
+    """Room for 128: 100 new positions go in place; 100 more double the buffer, keeping the rest."""
+    past = past_from_blocks([], 0, pool().acquire(1))
+    layer = past.layers[0]
+    first = torch.randn(1, SPEC.num_kv_heads, 100, SPEC.head_dim)
+    keys, _ = layer.update(first, first)
+    assert keys.shape[2] == 100 and layer._key_buffer.shape[2] == BLOCK_SIZE
+    more = torch.randn(1, SPEC.num_kv_heads, 100, SPEC.head_dim)
+    keys, values = layer.update(more, more)
+    assert keys.shape[2] == 200 and layer._key_buffer.shape[2] == 256
+    assert torch.equal(keys, torch.cat([first, more], dim=2)) and torch.equal(values, keys)
+
+
+def test_the_pool_reuses_the_smallest_buffer_that_fits() -> None:
+    buffers = pool(keep=2)
+    small, large = buffers.acquire(100), buffers.acquire(300)
+    assert small[0].shape[3] == 128 and large[0].shape[3] == 384  # rounded up to the granule
+    buffers.release(small)
+    buffers.release(large)
+    assert buffers.acquire(50)[0].data_ptr() == small[0].data_ptr()
+    assert buffers.acquire(200)[0].data_ptr() == large[0].data_ptr()
