@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import httpx
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -27,6 +28,17 @@ COLUMNS = (
 )
 
 
+def _sizes(value: str) -> list[int]:
+    """``--prefix-tokens``: comma-separated positive token counts."""
+    try:
+        sizes = [int(n) for n in value.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of token counts") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter("give at least one positive token count")
+    return sizes
+
+
 @click.command()
 @click.option(
     "--base-url", default="http://127.0.0.1:8000/v1", show_default=True, help="Any OpenAI-compatible /v1 URL."
@@ -41,7 +53,13 @@ COLUMNS = (
     show_default=True,
     type=click.Choice(["all", "shared", "multiturn", "docqa", "control"]),
 )
-@click.option("--prefix-tokens", default="512,1024,2048,4096", show_default=True, help="Shared-prefix sizes.")
+@click.option(
+    "--prefix-tokens",
+    default="512,1024,2048,4096",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _sizes(value),
+    help="Shared-prefix sizes, comma-separated token counts.",
+)
 @click.option(
     "--order", default="all", show_default=True, type=click.Choice(["all", "random", "tile", "interleave"])
 )
@@ -49,14 +67,18 @@ COLUMNS = (
 @click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
-    "--json", "json_path", default=None, help="Also write the results (every request) as JSON here."
+    "--json",
+    "json_path",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True),
+    help="Also write the results (every request) as JSON here.",
 )
 def bench(
     base_url: str,
     model: str,
     api_key: str,
     names: tuple[str, ...],
-    prefix_tokens: str,
+    prefix_tokens: list[int],
     order: str,
     concurrency: int,
     max_tokens: int,
@@ -64,8 +86,9 @@ def bench(
     json_path: str | None,
 ) -> None:
     """Measure TTFT, latency, throughput and cache hits of reproducible workloads."""
-    sizes = [int(n) for n in prefix_tokens.split(",") if n.strip()]
-    chosen = bench_workloads.workloads(list(names), seed, sizes, order)
+    if json_path is not None and not Path(json_path).resolve().parent.is_dir():
+        raise click.BadParameter(f"no directory for {json_path}", param_hint="--json")
+    chosen = bench_workloads.workloads(list(names), seed, prefix_tokens, order)
     client = bench_client.Client(base_url, api_key)
     summaries = []
     with Progress(console=Console(stderr=True)) as progress:
@@ -80,8 +103,8 @@ def bench(
                     max_tokens=max_tokens,
                     on_result=lambda _, t=task: progress.advance(t),  # type: ignore[misc]
                 )
-            except (bench_client.BenchError, OSError) as exc:
-                raise click.ClickException(f"{workload.name}: {exc}") from exc
+            except (bench_client.BenchError, httpx.HTTPError, OSError) as exc:
+                raise click.ClickException(f"{workload.name}: {base_url}: {exc}") from exc
             summaries.append(summary)
     table = Table(title=f"kvproxy bench: {base_url} (concurrency {concurrency}, seed {seed})")
     for column in COLUMNS:
