@@ -132,13 +132,18 @@ class Runner:
         return "length" if len(seq.generated) >= seq.request.max_tokens else None
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
-        """Emit ``Finished``; store the blocks the completion completed (not for a cancelled one)."""
+        """Store the blocks the completion completed (not for a cancelled one), then emit
+        ``Finished``.
+
+        NOTE: saved first, so a client that sends its next turn the moment this one ends finds
+        these blocks (served from the writer's pending blocks until they are on disk).
+        """
         if reason == "cancelled":
             seq.handle.emit(Finished("cancelled", len(seq.generated)))
         else:
-            seq.handle.emit(Finished(reason, len(seq.generated), seq.text.finish()))
             sequence = seq.request.prompt_ids + tuple(seq.generated)
             self._save(seq, sequence, num_full_blocks(seq.n), num_full_blocks(seq.fed))
+            seq.handle.emit(Finished(reason, len(seq.generated), seq.text.finish()))
         self._release(seq)
 
     def _fail(self, seq: Sequence, error: BaseException) -> None:
