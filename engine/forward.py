@@ -13,15 +13,15 @@ and per-row SDPA (reading the K/V heads directly, grouped-query mode) when hande
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 PREFILL_CHUNK_TOKENS = 256
 """Prefill in chunks of this many tokens, so other requests' decode steps run between chunks and
@@ -155,25 +155,45 @@ def _attention(
     key: torch.Tensor | RowKV,
     value: torch.Tensor | RowKV,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, or, for ``RowKV``, SDPA row by row (query ``[batch, heads,
-    1, head_dim]``); returns ``[batch, q_len, heads, head_dim]``."""
+) -> tuple[torch.Tensor, Any]:
+    """The model's own attention implementation, or, for ``RowKV``, that implementation row by
+    row (query ``[batch, heads, 1, head_dim]``, each row on its own K/V, no mask); returns
+    ``[batch, q_len, heads, head_dim]``."""
+    base = _base_attention(module)
     if not isinstance(key, RowKV):
         assert not isinstance(value, RowKV)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    out = torch.cat(
-        [
-            F.scaled_dot_product_attention(query[b : b + 1], k, v, scale=scaling, enable_gqa=True)
-            for b, (k, v) in enumerate(key)
-        ]
-    )
-    return out.transpose(1, 2).contiguous(), None
+        return base(module, query, key, value, attention_mask, **kwargs)
+    rows = [base(module, query[b : b + 1], k, v, None, **kwargs)[0] for b, (k, v) in enumerate(key)]
+    return torch.cat(rows), None
+
+
+def _base_attention(module: torch.nn.Module) -> Callable[..., tuple[torch.Tensor, Any]]:
+    """The attention function the model used before ``use_batched_attention`` (``eager`` is the
+    ``eager_attention_forward`` of the module's own modeling file)."""
+    name = getattr(module.config, "kvproxy_base_attention", "sdpa")
+    if name == "eager":
+        return cast(
+            Callable[..., tuple[torch.Tensor, Any]],
+            importlib.import_module(type(module).__module__).eager_attention_forward,
+        )
+    return cast(Callable[..., tuple[torch.Tensor, Any]], ALL_ATTENTION_FUNCTIONS[name])
 
 
 def use_batched_attention(model: Any) -> None:
-    """Switch ``model`` to the ``"kvproxy"`` attention (identical to SDPA for a single sequence)."""
+    """Switch ``model`` to the ``"kvproxy"`` attention: the model's own implementation (SDPA, or
+    eager where SDPA cannot do what the model needs, e.g. Gemma 2's logit soft-capping) for
+    ordinary calls, row by row for a batched decode step."""
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != ATTENTION:
+        # NOTE: a model whose modeling code cannot use SDPA (e.g. Gemma 2's soft-capping) loads
+        # with "eager"; every attention call keeps using what the model was loaded with.
+        base = config._attn_implementation or "sdpa"
+        for sub in [
+            config,
+            *(getattr(config, name) for name in config.sub_configs if getattr(config, name, None)),
+        ]:
+            sub.kvproxy_base_attention = base
     AttentionInterface.register(ATTENTION, _attention)
-    AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS[config.kvproxy_base_attention])
     model.set_attn_implementation(ATTENTION)

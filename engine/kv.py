@@ -123,12 +123,22 @@ def past_from_blocks(
     assert 0 <= num_tokens <= BLOCK_SIZE * len(blocks), (num_tokens, len(blocks))
     key, value = buffers
     assert key.shape[3] >= num_tokens, (key.shape, num_tokens)
+    # NOTE: on the CPU, one head of one layer at a time: each copy stays below PyTorch's parallel
+    # grain, so this thread (the lookup stage) never starts an OpenMP team of its own. More teams
+    # than cores make every team's threads sleep between operations, which slows the model
+    # thread's decode steps by a third. To an accelerator, from pinned memory, the copies are
+    # asynchronous, ahead of the model on the same stream.
+    pieces: list[tuple[int | slice, int | slice]] = [(slice(None), slice(None))]
+    if key.device.type == "cpu":
+        pieces = [(layer, head) for layer in range(key.shape[0]) for head in range(key.shape[2])]
     for i, block in enumerate(blocks):
         span = slice(i * BLOCK_SIZE, min((i + 1) * BLOCK_SIZE, num_tokens))
         if span.start >= span.stop:
             break
-        key[:, 0, :, span] = block.key[:, :, : span.stop - span.start]
-        value[:, 0, :, span] = block.value[:, :, : span.stop - span.start]
+        n = span.stop - span.start
+        for layer, head in pieces:
+            key[layer, 0, head, span].copy_(block.key[layer, head, :n], non_blocking=True)
+            value[layer, 0, head, span].copy_(block.value[layer, head, :n], non_blocking=True)
     past = DynamicCache()
     past.layers = [GrowingLayer(key[i], value[i], num_tokens) for i in range(key.shape[0])]
     return past
@@ -140,12 +150,31 @@ def blocks_from_past(
     """Copy the K/V of blocks ``[first_block, end_block)`` out of a cache.
 
     Returns:
-        ``(key, value)``, each ``[num_layers, num_kv_heads, 128 * (end_block - first_block),
-        head_dim]``: fresh tensors, safe to hand to a background writer.
+        ``(key, value)``, each ``[m, num_layers, num_kv_heads, 128, head_dim]`` for the
+        ``m = end_block - first_block`` blocks: fresh contiguous tensors in host memory, safe to
+        hand to a background writer (from an accelerator, copied through pinned memory).
     """
     span = slice(first_block * BLOCK_SIZE, end_block * BLOCK_SIZE)
     assert past.get_seq_length() >= span.stop, (past.get_seq_length(), span)
     layers = [cast(DynamicLayer, layer) for layer in past.layers]
-    key = torch.stack([cast(torch.Tensor, layer.keys)[0, :, span] for layer in layers])
-    value = torch.stack([cast(torch.Tensor, layer.values)[0, :, span] for layer in layers])
-    return key, value
+
+    def blocks(tensors: list[torch.Tensor]) -> torch.Tensor:
+        stacked = torch.stack([t[0, :, span] for t in tensors])  # [layers, heads, 128 m, dim]
+        layers_, heads, _, dim = stacked.shape
+        per_block = stacked.view(layers_, heads, -1, BLOCK_SIZE, dim).permute(2, 0, 1, 3, 4)
+        return host_copy(per_block.contiguous())
+
+    return blocks([cast(torch.Tensor, layer.keys) for layer in layers]), blocks(
+        [cast(torch.Tensor, layer.values) for layer in layers]
+    )
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in host memory: itself when it is there; from an accelerator, a copy into
+    pinned (page-locked) memory, which transfers at full speed, waited for before returning."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    torch.cuda.current_stream(tensor.device).synchronize()
+    return host

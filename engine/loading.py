@@ -1,33 +1,33 @@
-"""Load a model for serving: resolve the name or path, load weights and tokenizer, probe the KV.
+"""Load a model for serving: resolve it (``engine.resolve``), choose its formats, load weights and
+tokenizer, quantize, and probe the K/V it produces.
 
-``--model`` accepts a known name (``smollm2-135m-instruct``), a Hugging Face checkpoint directory
-(config.json, *.safetensors, tokenizer.json) or a ``.gguf`` file (converted once into the cache).
+Formats: ``dtype`` is the activation and K/V dtype (``auto``: bfloat16 where the hardware computes
+it natively, a CUDA GPU or a CPU with AVX512-BF16/AMX, else float32); ``weights`` is the weight
+format of the linear layers (``engine.quantize``; ``auto``: int8 for bfloat16 on a CPU, else
+full). Both, and the device kind, are part of every cache namespace: K/V computed in one format
+or on one kind of device is never reused in another.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-import xxhash
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from engine.fetch import (
-    KNOWN_MODELS,
-    ModelError,
-    convert_gguf,
-    fetch_known_model,
-    gguf_checkpoint_dir,
-    is_checkpoint,
-)
+from engine.fetch import ModelError
+from engine.quantize import WEIGHT_FORMATS, WeightFormat, quantize_linears
+from engine.resolve import model_fingerprint, resolve_model_dir
 from hashing import Namespace, namespace_digest
 from store.interface import KVSpec
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHTS = ("auto", *WEIGHT_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,13 @@ class LoadedModel:
 
     Attributes:
         name: the id served in ``/v1/models`` and accepted in requests' ``model`` field.
-        model: a transformers causal LM in eval mode.
+        model: a transformers causal LM in eval mode (linear layers quantized per ``weights``).
         tokenizer: its tokenizer, with the chat template.
-        fingerprint: hex digest of the weight files and config (see ``model_fingerprint``).
+        fingerprint: hex digest of the weight files and config (``engine.resolve.model_fingerprint``).
         kv_spec: the shape and dtype of the K/V it produces.
         context_length: maximum tokens (prompt + completion).
         eos_token_ids: token ids that end a completion.
+        weights: the weight format (``"full"``, ``"int4"``, ``"int8"``).
     """
 
     name: str
@@ -51,83 +52,89 @@ class LoadedModel:
     kv_spec: KVSpec
     context_length: int
     eos_token_ids: frozenset[int]
+    weights: WeightFormat = "full"
 
     @property
     def device(self) -> torch.device:
         """Where the weights (and so every K/V and logits tensor) live."""
-        return next(self.model.parameters()).device
+        return cast(torch.device, self.model.get_input_embeddings().weight.device)
+
+    @property
+    def format(self) -> str:
+        """E.g. ``"bfloat16 activations and K/V, int4 weights, on cpu"``."""
+        return f"{self.kv_spec.dtype} activations and K/V, {self.weights} weights, on {self.device.type}"
 
     def namespace(self, tenant: str) -> Namespace:
-        """The cache namespace of ``tenant`` for this model's weights and KV dtype."""
-        return _namespace(self.fingerprint, self.kv_spec.dtype, tenant)
+        """The cache namespace of ``tenant`` for this model's weights, formats and device kind."""
+        return _namespace(self.fingerprint, self.kv_spec.dtype, self.weights, self.device.type, tenant)
 
 
 @lru_cache(maxsize=4096)
-def _namespace(fingerprint: str, kv_dtype: str, tenant: str) -> Namespace:
-    return namespace_digest(model_fingerprint=fingerprint, kv_dtype=kv_dtype, tenant=tenant)
-
-
-def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, Path]:
-    """Map ``--model`` to ``(served name, checkpoint directory)``, fetching/converting as needed.
-
-    Raises:
-        ModelError: the path does not exist or is not a checkpoint, or the name is unknown.
-    """
-    models_dir = Path(cache_dir) / "models"
-    if spec in KNOWN_MODELS:
-        return spec, fetch_known_model(spec, models_dir)
-    path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        target = gguf_checkpoint_dir(path, models_dir)
-        if not is_checkpoint(target):
-            convert_gguf(path, target)
-        return path.stem, target
-    if path.is_dir():
-        if not is_checkpoint(path):
-            raise ModelError(
-                f"{path} is not a Hugging Face checkpoint: it needs config.json and *.safetensors"
-            )
-        return path.name, path
-    raise ModelError(
-        f"model {spec!r} not found: pass a known name ({', '.join(KNOWN_MODELS)}), a checkpoint "
-        "directory or a .gguf file with --model (or KVPROXY_MODEL)"
+def _namespace(fingerprint: str, kv_dtype: str, weights: str, device: str, tenant: str) -> Namespace:
+    return namespace_digest(
+        model_fingerprint=fingerprint, kv_dtype=kv_dtype, weights=weights, device=device, tenant=tenant
     )
 
 
-def model_fingerprint(model_dir: Path) -> str:
-    """Hex xxh3-128 over config.json and every ``*.safetensors`` file (names and contents).
-
-    A changed checkpoint under the same name therefore gets a new namespace and never reuses K/V
-    computed by the old weights.
-    """
-    digest = xxhash.xxh3_128()
-    for path in [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has native bfloat16 arithmetic (AVX512-BF16 or AMX; Linux flags)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def load_model(spec: str, *, cache_dir: Path, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Resolve, load and check a model.
+def resolve_formats(dtype: str, weights: str, device: str) -> tuple[str, WeightFormat]:
+    """``(dtype, weights)`` with ``auto`` replaced by what suits ``device``.
 
     Raises:
-        ModelError: missing model, unsupported architecture (not a decoder-only model whose
-            layers are all full attention) or unknown dtype.
+        ModelError: an unknown value.
     """
     if dtype not in DTYPES:
         raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if weights not in WEIGHTS:
+        raise ModelError(f"weights {weights!r} is not one of {', '.join(WEIGHTS)}")
+    kind = torch.device(device).type
+    if dtype == "auto":
+        if kind == "cuda":
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        else:
+            dtype = "bfloat16" if kind == "cpu" and cpu_computes_bf16() else "float32"
+    if weights == "auto":
+        # NOTE: int8, not int4: the kernels decode equally fast here, and int4 weights with the
+        # kernel's 16-bit scales change the default model's answers (measured in docs/benchmarks.md).
+        weights = "int8" if kind == "cpu" and dtype == "bfloat16" else "full"
+    return dtype, cast(WeightFormat, weights)
+
+
+def load_model(
+    spec: str, *, cache_dir: Path, dtype: str = "float32", weights: str = "full", device: str = "cpu"
+) -> LoadedModel:
+    """Resolve, load, quantize and check a model.
+
+    Raises:
+        ModelError: missing model, unsupported architecture (not a decoder-only model whose
+            layers are all full attention), or an unknown or impossible format.
+    """
+    dtype, fmt = resolve_formats(dtype, weights, device)
     name, model_dir = resolve_model_dir(spec, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        # NOTE: device_map (accelerate) puts each weight straight on the device: the host never
+        # holds a second copy of the whole model.
+        placement = {} if device == "cpu" else {"device_map": device}
         model: Any = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, dtype), local_files_only=True
+            model_dir, dtype=getattr(torch, dtype), local_files_only=True, **placement
         )
     except (ValueError, OSError, KeyError) as exc:
         raise ModelError(f"cannot load {model_dir} as a causal language model: {exc}") from exc
-    model.to(device).eval()
+    model.eval()
     kv_spec = _probe_kv_spec(model, dtype)
+    try:
+        quantize_linears(model, fmt, getattr(torch, dtype))
+    except ValueError as exc:
+        raise ModelError(str(exc)) from exc
     eos = model.generation_config.eos_token_id
     eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
     if tokenizer.eos_token_id is not None:
@@ -136,11 +143,37 @@ def load_model(spec: str, *, cache_dir: Path, dtype: str = "float32", device: st
         name=name,
         model=model,
         tokenizer=tokenizer,
-        fingerprint=model_fingerprint(model_dir),
+        fingerprint=model_fingerprint(model_dir, Path(cache_dir)),
         kv_spec=kv_spec,
         context_length=int(getattr(model.config, "max_position_embeddings", 2048)),
         eos_token_ids=frozenset(eos_ids),
+        weights=fmt,
     )
+
+
+def sliding_window(config: Any) -> int | None:
+    """The attention window in tokens if one applies within the context, else None (a window of
+    at least ``max_position_embeddings``, or one switched off, is full attention)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if (
+        not window
+        or not getattr(config, "use_sliding_window", True)
+        or (layer_types and set(layer_types) == {"full_attention"})
+    ):
+        return None
+    return int(window) if window < getattr(config, "max_position_embeddings", window + 1) else None
+
+
+def load_model_apart(spec: str, **options: Any) -> LoadedModel:
+    """``load_model`` on a thread of its own that ends afterwards.
+
+    NOTE: loading runs parallel operations, which give the loading thread an OpenMP team; a team
+    outlives its work as long as its thread does, and more team threads than cores slow the
+    model thread's every operation (see ``engine.worker``). A thread that ends takes its team.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="kvproxy-load") as pool:
+        return pool.submit(load_model, spec, **options).result()
 
 
 @torch.inference_mode()
@@ -148,21 +181,24 @@ def _probe_kv_spec(model: Any, dtype: str) -> KVSpec:
     """Run one token and read the K/V layout off the cache the model returns.
 
     Raises:
-        ModelError: the model is an encoder-decoder, or any layer is not full attention
-            (sliding-window or recurrent layers cannot be rebuilt from 128-token blocks).
+        ModelError: the model is an encoder-decoder, or a layer is not full attention (a sliding
+            window or a recurrent layer keeps only part of the past, so its K/V cannot be rebuilt
+            from 128-token blocks as a full past).
     """
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
         raise ModelError(
             f"{config.model_type} is an encoder-decoder model; kvproxy serves decoder-only models"
         )
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or getattr(config, "sliding_window", None):
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    window = sliding_window(config)
+    if layer_types - {"full_attention"} or window:
+        kinds = ", ".join(sorted(layer_types - {"full_attention"})) or f"a sliding window of {window} tokens"
         raise ModelError(
-            f"{config.model_type} has non-full-attention layers ({set(layer_types) or 'sliding window'}); "
-            "kvproxy serves models whose layers are all full attention"
+            f"{config.model_type} has layers that are not full attention ({kinds}); kvproxy serves "
+            "models whose layers all attend to the whole past"
         )
-    device = next(model.parameters()).device
+    device = model.get_input_embeddings().weight.device
     out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True)
     cache = out.cache
     if not isinstance(cache, DynamicCache) or any(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.forward import decode_batch, decode_step
+from engine.decoder import Decoder
 from engine.kv import BufferPool, blocks_from_past
 from engine.loading import LoadedModel
 from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
@@ -46,8 +46,10 @@ class EngineStats:
 class Runner:
     """Runs steps (see the module docstring); only ever called from the model thread."""
 
-    def __init__(self, loaded: LoadedModel, cache: PrefixCache | None, buffers: BufferPool) -> None:
-        self.loaded, self.cache, self.buffers = loaded, cache, buffers
+    def __init__(
+        self, loaded: LoadedModel, cache: PrefixCache | None, buffers: BufferPool, decoder: Decoder
+    ) -> None:
+        self.loaded, self.cache, self.buffers, self.decoder = loaded, cache, buffers, decoder
         self.stats = EngineStats()
 
     def run(self, step: Step) -> None:
@@ -102,14 +104,10 @@ class Runner:
         running = [seq for seq in sequences if seq.state is State.DECODING]
         if not running:
             return
-        model = self.loaded.model
         tokens = [seq.generated[-1] for seq in running]
         positions = [seq.fed for seq in running]
         pasts = [seq.past for seq in running if seq.past is not None]
-        if len(running) == 1:
-            logits = decode_step(model, tokens[0], pasts[0], positions[0]).unsqueeze(0)
-        else:
-            logits = decode_batch(model, tokens, pasts, positions)
+        logits = self.decoder(tokens, pasts, positions)
         self.stats.decode_tokens += len(running)
         self.stats.decode_steps += 1
         for seq, row in zip(running, logits, strict=True):

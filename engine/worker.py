@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.decoder import Decoder, pick_decoder
 from engine.forward import use_batched_attention
 from engine.kv import BufferPool
 from engine.loader import PrefixLoader
@@ -55,12 +56,29 @@ class Engine:
         )
         self.buffers = BufferPool(like, keep=max_batch + 1)
         self.scheduler = Scheduler(max_queue, max_batch)
-        self.runner = Runner(loaded, cache, self.buffers)
         self.loader = PrefixLoader(loaded, cache, self.buffers, max_batch, self.scheduler.loaded)
-        self._thread = threading.Thread(target=self._run, name="kvproxy-model", daemon=True)
+        # NOTE: every model computation, the choice of decode step included, runs on this one
+        # thread: each thread that runs parallel operations gets an OpenMP team of its own, and
+        # more team threads than cores make them all sleep between operations (a third slower).
+        self.decoder: Decoder
+        self.runner: Runner
+        self._failed: BaseException | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(like,), name="kvproxy-model", daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._failed is not None:
+            raise self._failed
 
-    def _run(self) -> None:
+    def _run(self, like: torch.Tensor) -> None:
+        try:
+            self.decoder = pick_decoder(self.loaded.model, like)
+            self.runner = Runner(self.loaded, self.cache, self.buffers, self.decoder)
+        except BaseException as exc:  # raised again by __init__
+            self._failed = exc
+            return
+        finally:
+            self._ready.set()
         while (step := self.scheduler.next_step(self.loader.load)) is not None:
             self.runner.run(step)
             self.scheduler.step_done(step)

@@ -3,7 +3,7 @@
 Pure functions, no I/O. The rules are normative (docs/design.md, "Block identity"):
 
 - namespace ``N = xxh3_128(canonical JSON of {format_version, model_fingerprint, kv_dtype,
-  block_size, tenant})``;
+  weights, device, block_size, tenant})``;
 - block 0: ``h0 = xxh3_128(N || ids[0:128] as little-endian uint32)``;
 - block i: ``hi = xxh3_128(h(i-1) || ids[128i:128i+128] as little-endian uint32)``.
 

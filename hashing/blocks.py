@@ -27,6 +27,8 @@ def namespace_digest(
     model_fingerprint: str,
     kv_dtype: str,
     tenant: str,
+    weights: str = "full",
+    device: str = "cpu",
     block_size: int = BLOCK_SIZE,
     format_version: int = FORMAT_VERSION,
 ) -> Namespace:
@@ -34,9 +36,13 @@ def namespace_digest(
 
     Args:
         model_fingerprint: digest of the model's weight files and config (see
-            ``engine.loading.model_fingerprint``), so a changed checkpoint never reuses old K/V.
+            ``engine.resolve.model_fingerprint``), so a changed checkpoint never reuses old K/V.
         kv_dtype: torch dtype name of the stored K/V, e.g. ``"float32"``.
         tenant: tenant id derived from the authenticated API key (never from the request body).
+        weights: the weight format of the model's linear layers (``"full"``, ``"int4"``, ...):
+            K/V computed by quantized weights is never reused by full ones, or the reverse.
+        device: the kind of device that computed the K/V (``"cpu"``, ``"cuda"``): kernels differ
+            between kinds, so K/V from one is never served to the other.
         block_size: tokens per block.
         format_version: ``FORMAT_VERSION`` unless testing.
 
@@ -45,10 +51,12 @@ def namespace_digest(
     """
     doc = {
         "block_size": block_size,
+        "device": device,
         "format_version": format_version,
         "kv_dtype": kv_dtype,
         "model_fingerprint": model_fingerprint,
         "tenant": tenant,
+        "weights": weights,
     }
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return Namespace(xxhash.xxh3_128_digest(canonical.encode("utf-8")))

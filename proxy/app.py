@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from engine.loading import LoadedModel, load_model
+from engine.loading import LoadedModel, load_model_apart
 from engine.worker import Engine
 from proxy.auth import parse_api_keys
 from proxy.config import Settings
@@ -38,10 +38,11 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         model = loaded
         if model is None:
             model = await run_in_threadpool(
-                load_model,
+                load_model_apart,
                 settings.model,
                 cache_dir=settings.cache_dir,
                 dtype=settings.dtype,
+                weights=settings.weights,
                 device=settings.device,
             )
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)

@@ -60,7 +60,7 @@ def serve(**flags: Any) -> None:
     """Serve the model over the OpenAI API, through the prefix cache."""
     import uvicorn
 
-    from engine.loading import load_model
+    from engine.loading import load_model_apart
     from proxy.app import create_app
     from proxy.auth import parse_api_keys
 
@@ -71,8 +71,12 @@ def serve(**flags: Any) -> None:
         raise click.UsageError(f"--api-keys: {exc}") from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        loaded = load_model(
-            settings.model, cache_dir=settings.cache_dir, dtype=settings.dtype, device=settings.device
+        loaded = load_model_apart(
+            settings.model,
+            cache_dir=settings.cache_dir,
+            dtype=settings.dtype,
+            weights=settings.weights,
+            device=settings.device,
         )
     except ModelError as exc:
         click.echo(f"kvproxy: {exc}", err=True)

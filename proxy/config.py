@@ -54,7 +54,11 @@ class Settings(BaseSettings):
         default_factory=default_cache_dir,
         description="Where converted models (and, by default, blobs) live.",
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the block index.")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis holding the block index; memory:// keeps it in this process (one process "
+        "alone, forgotten at restart).",
+    )
     key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
     blob_dir: Path | None = Field(None, description="Block blob directory (default: CACHE_DIR/blobs).")
     ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
@@ -76,8 +80,16 @@ class Settings(BaseSettings):
         4 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes."
     )
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model and KV dtype.")
-    device: str = Field("cpu", description="Torch device for the model.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Activation and KV dtype; auto: bfloat16 where the hardware computes it natively "
+        "(CUDA, or a CPU with AVX512-BF16/AMX), else float32 (exact).",
+    )
+    weights: Literal["auto", "full", "int4", "int8"] = Field(
+        "auto",
+        description="Weight format of the linear layers; auto: int8 for bfloat16 on a CPU, else full.",
+    )
+    device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     redis_timeout: float = Field(0.25, gt=0, description="Seconds before a Redis operation fails.")
     redis_retry: float = Field(
         5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."

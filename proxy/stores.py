@@ -10,6 +10,7 @@ import logging
 import shutil
 
 import redis
+import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -19,6 +20,8 @@ from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
 from store.interface import KVSpec
+from store.memory import MemoryIndex
+from store.parts import BlockIndex
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +51,23 @@ def blob_budget(settings: Settings) -> int:
     return shutil.disk_usage(settings.blob_root).free // 2
 
 
+MEMORY_URL = "memory://"
+"""``--redis-url memory://``: the index in this process (``store.memory``), for one process alone."""
+
+
+def open_index(settings: Settings) -> BlockIndex:
+    """The block index ``--redis-url`` names: Redis, or this process's memory (Redis is not
+    contacted yet)."""
+    if settings.redis_url.startswith(MEMORY_URL):
+        return MemoryIndex()
+    return RedisIndex(redis_client(settings), settings.key_prefix)
+
+
 def open_admin(settings: Settings) -> StoreAdmin:
-    """The administrative view of the cache ``settings`` point at (Redis is not contacted yet)."""
-    index = RedisIndex(redis_client(settings), settings.key_prefix)
-    return StoreAdmin(index, BlobStore(settings.blob_root), breaker_cooldown_s=settings.redis_retry)
+    """The administrative view of the cache ``settings`` point at."""
+    return StoreAdmin(
+        open_index(settings), BlobStore(settings.blob_root), breaker_cooldown_s=settings.redis_retry
+    )
 
 
 def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
@@ -60,7 +76,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     own when Redis answers."""
     budget = blob_budget(settings)
     cache = BlockCache(
-        RedisIndex(redis_client(settings), settings.key_prefix),
+        open_index(settings),
         BlobStore(settings.blob_root),
         spec,
         ttl_s=settings.ttl,
@@ -69,6 +85,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         ram_bytes=settings.ram_cache_bytes,
         read_timeout_s=settings.cache_read_timeout,
         gc_grace_s=settings.gc_grace,
+        pin_memory=torch.device(settings.device).type == "cuda",
     )
     cache.start_gc(settings.gc_interval)
     ram_blocks = settings.ram_cache_bytes // spec.block_bytes

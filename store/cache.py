@@ -41,6 +41,8 @@ class BlockCache(StoreAdmin):
         read_timeout_s: most seconds a lookup waits for blob reads before serving a shorter
             prefix (a stuck disk or mount becomes a miss).
         gc_grace_s: seconds a blob without an index entry is kept before collection.
+        pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
+            accelerator: uploads are then asynchronous).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class BlockCache(StoreAdmin):
         ram_bytes: int = 0,
         read_timeout_s: float = 5.0,
         gc_grace_s: float = 60.0,
+        pin_memory: bool = False,
     ) -> None:
         super().__init__(index, blobs, breaker_cooldown_s=breaker_cooldown_s, gc_grace_s=gc_grace_s)
         self.spec, self.ttl_s = spec, ttl_s
@@ -71,7 +74,14 @@ class BlockCache(StoreAdmin):
             max_jobs=max_pending_saves,
         )
         self._lookup = PrefixLookup(
-            *common, self.writer, spec, self.guard, self.recorder, ttl_s=ttl_s, read_timeout_s=read_timeout_s
+            *common,
+            self.writer,
+            spec,
+            self.guard,
+            self.recorder,
+            ttl_s=ttl_s,
+            read_timeout_s=read_timeout_s,
+            pin_memory=pin_memory,
         )
 
     def lookup(

@@ -136,8 +136,8 @@ class PrefixCache(Protocol):
         Args:
             token_ids: the whole sequence so far (prompt, or prompt + completion).
             first_block: index of the first block covered by ``key``/``value``.
-            key, value: ``[num_layers, num_kv_heads, 128 * m, head_dim]`` for m blocks, in host
-                memory; the tensors must not be modified afterwards (pass a copy).
+            key, value: ``[m, num_layers, num_kv_heads, 128, head_dim]`` for m blocks, contiguous
+                and in host memory (block j is ``key[j]``); they must not be modified afterwards.
         """
         ...
 

@@ -12,6 +12,7 @@ serves the blocks verified so far.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -71,6 +72,8 @@ class PrefixLookup:
         ttl_s: default TTL in seconds a hit refreshes its blocks to.
         read_timeout_s: most seconds one lookup waits for blob reads.
         readers: blob reads that may run (or hang) at once.
+        pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
+            accelerator).
     """
 
     def __init__(
@@ -86,10 +89,11 @@ class PrefixLookup:
         ttl_s: int,
         read_timeout_s: float,
         readers: int = 4,
+        pin_memory: bool = False,
     ) -> None:
         self.index, self.blobs, self.ram, self.writer = index, blobs, ram, writer
         self.spec, self.guard, self.stats = spec, guard, stats
-        self.ttl_s, self.read_timeout_s = ttl_s, read_timeout_s
+        self.ttl_s, self.read_timeout_s, self.pin_memory = ttl_s, read_timeout_s, pin_memory
         self._readers = ReaderPool(readers)
 
     def lookup(
@@ -156,6 +160,9 @@ class PrefixLookup:
                 self.stats.add(verification_failures=1)
                 self._discard(namespace, hashes[i])
                 return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION)
+            if self.pin_memory:
+                # NOTE: page-locked, so the upload to an accelerator is asynchronous and fast
+                block = dataclasses.replace(block, key=block.key.pin_memory(), value=block.value.pin_memory())
             self.ram.put(namespace, block)
             blocks.append(block)
 

@@ -9,7 +9,6 @@ a request that follows at once still hits.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -107,10 +106,10 @@ class BlockWriter:
         ttl_s: int,
     ) -> None:
         """Queue blocks ``first_block ..`` of ``token_ids`` (see ``PrefixCache.save``)."""
-        assert key.shape[2] % BLOCK_SIZE == 0, key.shape
-        end = first_block + key.shape[2] // BLOCK_SIZE
+        assert key.shape[3] == BLOCK_SIZE and key.is_contiguous(), key.shape
+        end = first_block + key.shape[0]
         hashes = block_hashes(token_ids[: end * BLOCK_SIZE], namespace)
-        pairs = zip(torch.split(key, BLOCK_SIZE, dim=2), torch.split(value, BLOCK_SIZE, dim=2), strict=True)
+        pairs = zip(key.unbind(0), value.unbind(0), strict=True)
         blocks = [
             KVBlock(i, hashes[i], block_tokens(token_ids, i), k, v)
             for i, (k, v) in enumerate(pairs, start=first_block)
@@ -181,8 +180,7 @@ class BlockWriter:
         if missing is None:
             return
         parent = job.parent
-        for view, needed in zip(job.blocks, missing, strict=True):
-            block = dataclasses.replace(view, key=view.key.contiguous(), value=view.value.contiguous())
+        for block, needed in zip(job.blocks, missing, strict=True):
             block_parent, parent = parent, block.block_hash
             if not needed:
                 self.ram.put(job.namespace, block)

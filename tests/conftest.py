@@ -93,3 +93,15 @@ def serve() -> Callable[..., ServerThread]:
         return ServerThread(create_app(settings, model))
 
     return start
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip cleanly on a machine without a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)

@@ -3,6 +3,7 @@ ports, a private Redis. Fixtures built from these live in ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import queue
 import socket
 import subprocess
 import threading
@@ -14,19 +15,42 @@ import redis
 import torch
 import uvicorn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
+from engine.forward import prefill
+from engine.loader import load_prefix
+from engine.requests import Event, Failed, Finished, GenerationRequest, PrefillDone, TokenDelta
+from engine.sampling import SamplingParams
+from engine.worker import Engine
 from hashing import BLOCK_SIZE, namespace_digest
 from store.interface import KVSpec
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
 """A small K/V layout for store tests that need no model."""
 NS = namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t")
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def kv(num_blocks: int, spec: KVSpec = SPEC) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random key and value ``[num_layers, num_kv_heads, 128 * num_blocks, head_dim]``."""
-    shape = (spec.num_layers, spec.num_kv_heads, BLOCK_SIZE * num_blocks, spec.head_dim)
+    """Random key and value ``[num_blocks, num_layers, num_kv_heads, 128, head_dim]`` (the layout
+    ``PrefixCache.save`` takes)."""
+    shape = (num_blocks, spec.num_layers, spec.num_kv_heads, BLOCK_SIZE, spec.head_dim)
     g = torch.Generator().manual_seed(num_blocks)
     return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
 
@@ -50,9 +74,22 @@ TRAINING_TEXT = [
 ]
 
 
-def build_tiny_model(path: Path, seed: int = 0) -> Path:
-    """Write a randomly initialised 2-layer Llama and a small byte-level BPE tokenizer with a
-    ChatML template to ``path`` (a Hugging Face checkpoint directory)."""
+FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # biased q/k/v projections
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),  # per-head q/k norms
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 16, "layer_types": ["full_attention"] * 2}),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, {"head_dim": 16, "layer_types": ["full_attention"] * 2}),
+    "phi3": (Phi3Config, Phi3ForCausalLM, {"sliding_window": None}),  # fused qkv and gate_up
+}
+"""Tiny configurations of each model family kvproxy claims (every layer full attention)."""
+
+
+def build_tiny_model(path: Path, seed: int = 0, family: str = "llama", **config_changes: Any) -> Path:
+    """Write a randomly initialised 2-layer model of ``family`` (``FAMILIES``) and a small
+    byte-level BPE tokenizer with a ChatML template to ``path`` (a Hugging Face checkpoint
+    directory); ``config_changes`` override the configuration."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -65,20 +102,23 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>", chat_template=CHATML
     )
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=False,
-    )
+    config_class, model_class, family_config = FAMILIES[family]
+    shape = {
+        "vocab_size": tok.get_vocab_size(),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "pad_token_id": tokenizer.eos_token_id,
+        "tie_word_embeddings": False,
+    }
+    config = config_class(**(shape | family_config | config_changes))
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     # NOTE: random init gives nearly uniform logits; scaling the output layer makes greedy
     # choices decisive, so token-for-token comparisons mean something.
     with torch.no_grad():
@@ -86,6 +126,33 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def run_engine(
+    engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12, sampling: SamplingParams = GREEDY
+) -> tuple[list[int], int, str]:
+    """Generate through the engine's threads: (token ids, cached tokens, finish reason)."""
+    arrived: queue.Queue[Event] = queue.Queue()
+    engine.submit(GenerationRequest(prompt, max_tokens, sampling), arrived.put)
+    events = [arrived.get(timeout=120)]
+    while not isinstance(events[-1], Finished | Failed):
+        events.append(arrived.get(timeout=120))
+    done = next(e for e in events if isinstance(e, PrefillDone))
+    finished = next(e for e in events if isinstance(e, Finished))
+    return (
+        [e.token_id for e in events if isinstance(e, TokenDelta)],
+        done.cached_tokens,
+        finished.finish_reason,
+    )
+
+
+def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tensor, int, int]:
+    """The lookup stage and the prefill, on this thread: (last-position logits, cached tokens,
+    positions in the past afterwards)."""
+    buffers = engine.buffers.acquire(len(prompt))
+    prefix = load_prefix(engine.cache, engine.loaded.namespace("default"), prompt, buffers)
+    logits = prefill(engine.loaded.model, prompt[prefix.cached_tokens :], prefix.past, prefix.cached_tokens)
+    return logits, prefix.cached_tokens, prefix.past.get_seq_length()
 
 
 def free_port() -> int:

@@ -19,6 +19,7 @@ async def health(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
         "status": "ok",
         "cache": state,
         "model": engine.loaded.name,
+        "format": f"{engine.loaded.format}, {engine.decoder.name} decode step",
         "busy": not engine.idle,
         "queue_depth": engine.queue_depth,
     }

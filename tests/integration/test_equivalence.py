@@ -6,49 +6,17 @@ prompt, then compares a second prompt computed through the cache with the same p
 
 from __future__ import annotations
 
-import queue
-
 import pytest
 import torch
 
-from engine.forward import prefill
-from engine.loader import load_prefix
-from engine.requests import Event, Failed, Finished, GenerationRequest, PrefillDone, TokenDelta
-from engine.sampling import SamplingParams
 from engine.worker import Engine
 from hashing import BLOCK_SIZE
-from tests.helpers import random_tokens
-
-GREEDY = SamplingParams(temperature=0.0)
+from tests.helpers import prefill_prompt, random_tokens
+from tests.helpers import run_engine as run
 
 
 def tokens(n: int, seed: int = 0) -> tuple[int, ...]:
     return tuple(random_tokens(n, seed))
-
-
-def run(engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12) -> tuple[list[int], int, str]:
-    """Generate through the engine's threads: (token ids, cached tokens, finish reason)."""
-    arrived: queue.Queue[Event] = queue.Queue()
-    engine.submit(GenerationRequest(prompt, max_tokens, GREEDY), arrived.put)
-    events = [arrived.get(timeout=120)]
-    while not isinstance(events[-1], Finished | Failed):
-        events.append(arrived.get(timeout=120))
-    done = next(e for e in events if isinstance(e, PrefillDone))
-    finished = next(e for e in events if isinstance(e, Finished))
-    return (
-        [e.token_id for e in events if isinstance(e, TokenDelta)],
-        done.cached_tokens,
-        finished.finish_reason,
-    )
-
-
-def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tensor, int, int]:
-    """The lookup stage and the prefill, on this thread: (last-position logits, cached tokens,
-    positions in the past afterwards)."""
-    buffers = engine.buffers.acquire(len(prompt))
-    prefix = load_prefix(engine.cache, engine.loaded.namespace("default"), prompt, buffers)
-    logits = prefill(engine.loaded.model, prompt[prefix.cached_tokens :], prefix.past, prefix.cached_tokens)
-    return logits, prefix.cached_tokens, prefix.past.get_seq_length()
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ def test_saved_blocks_come_back_verified_in_order(make_cache, redis_client, key_
     assert cache.flush(30)
     match = cache.lookup(NS, IDS, max_blocks=3)
     assert [b.index for b in match.blocks] == [0, 1, 2] and match.num_tokens == 3 * BLOCK_SIZE
-    assert torch.equal(torch.cat([b.key for b in match.blocks], dim=2), key)
-    assert torch.equal(torch.cat([b.value for b in match.blocks], dim=2), value)
+    assert torch.equal(torch.stack([b.key for b in match.blocks]), key)
+    assert torch.equal(torch.stack([b.value for b in match.blocks]), value)
     assert cache.stats().blocks_saved == 3
 
 

@@ -17,7 +17,7 @@ def blocks(n: int) -> list[KVBlock]:
     hashes = block_hashes(IDS, NS)
     return [
         KVBlock(i, hashes[i], block_tokens(IDS, i), k, v)
-        for i, (k, v) in enumerate(zip(key.split(BLOCK_SIZE, 2), value.split(BLOCK_SIZE, 2), strict=True))
+        for i, (k, v) in enumerate(zip(key, value, strict=True))
     ]
 
 
@@ -32,9 +32,12 @@ def test_blocks_round_trip_through_a_past() -> None:
     past = past_from_blocks(given, 3 * BLOCK_SIZE - 1, pool().acquire(3 * BLOCK_SIZE))
     assert past.get_seq_length() == 383 and len(past.layers) == SPEC.num_layers
     key, value = blocks_from_past(past, 0, 2)
-    assert key.shape == (SPEC.num_layers, SPEC.num_kv_heads, 2 * BLOCK_SIZE, SPEC.head_dim)
-    assert torch.equal(key, torch.cat([b.key for b in given[:2]], dim=2))
-    assert torch.equal(value, torch.cat([b.value for b in given[:2]], dim=2))
+    assert (
+        key.shape == (2, SPEC.num_layers, SPEC.num_kv_heads, BLOCK_SIZE, SPEC.head_dim)
+        and key.is_contiguous()
+    )
+    assert torch.equal(key, torch.stack([b.key for b in given[:2]]))
+    assert torch.equal(value, torch.stack([b.value for b in given[:2]]))
 
 
 def test_a_past_grows_in_place_then_by_doubling() -> None:

@@ -13,8 +13,8 @@ from hashing import BLOCK_SIZE, block_hashes
 from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.entries import member_name
+from store.memory import Clock, MemoryIndex
 from store.outcomes import MissReason
-from tests.doubles import Clock, MemoryIndex
 from tests.helpers import NS, SPEC, kv
 
 IDS = list(range(3 * BLOCK_SIZE + 10))  # three full blocks and 10 tokens more
@@ -61,8 +61,8 @@ def test_a_saved_chain_comes_back_verified_bit_for_bit(cache) -> None:
     key, value = stored(cache)
     match = cache.lookup(NS, IDS)
     assert [b.index for b in match.blocks] == [0, 1, 2] and match.miss_reason is None
-    assert torch.equal(torch.cat([b.key for b in match.blocks], dim=2), key)
-    assert torch.equal(torch.cat([b.value for b in match.blocks], dim=2), value)
+    assert torch.equal(torch.stack([b.key for b in match.blocks]), key)
+    assert torch.equal(torch.stack([b.value for b in match.blocks]), value)
     stats = cache.stats()
     assert (stats.blocks_saved, stats.lookups, stats.tokens_queried, stats.tokens_hit) == (3, 1, 394, 384)
 
