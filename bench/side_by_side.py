@@ -1,187 +1,56 @@
-"""Cache on vs --no-cache, side by side, in one run; writes docs/benchmarks.md.
+"""One run of every benchmark target, written to ``docs/benchmarks.md``.
 
-Starts two `kvproxy serve` processes on the same model (one with the prefix cache, one with
-`--no-cache`), measures them one after the other (never at the same time, so they do not share
-the CPU), and checks the targets of the project:
+Starts `kvproxy serve` processes (and, when given, llama-cpp-python's server) on the same model,
+measures them one after the other on this machine, and writes the targets and tables:
+``bench.engine_targets`` (kvproxy against llama.cpp, the formats, concurrency, the promise
+sweep) and ``bench.cache_targets`` (cache on against ``--no-cache``).
 
-- a 2,048-token prompt whose first 2,047 tokens are cached: TTFT at most 1/50 of cold;
-- the floor, measured here too: reading that prompt's cached K/V bytes plus one forward pass of
-  one token on that past; the cached TTFT is at most 1.5 x the floor;
-- the 0%-reuse workload: TTFT and throughput within 3% of --no-cache;
-- the lookup stage of a hit (one Redis round trip, blocks from the RAM tier) does not grow with
-  the keys Redis holds (10 vs 100,000).
-
-    python -m bench.side_by_side            # about 15 minutes on 2 cores
-    python -m bench.side_by_side --quick    # smaller prefixes, a few minutes
+    python -m bench.side_by_side --llama-python VENV/bin/python --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m bench.side_by_side --quick        # smaller prefixes, no llama.cpp, a few minutes
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-import redis
-
-from bench import client as bench_client
-from bench import workloads as bench_workloads
-from bench.client import Summary
+from bench.cache_targets import measure_cache
+from bench.engine_targets import measure_engine
 from bench.report import write_report
-from bench.servers import serve
+from bench.servers import running, serve
 
-MODEL = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-HTTP = httpx.Client(timeout=600)
-"""One client for every timed request: a new client per request would add its own set-up (an SSL
-context, a connection) to each measured time."""
-
-
-def ttft(url: str, prompt: list[int]) -> float:
-    """Seconds to the first streamed token of a token-id completion."""
-    return timed_first_token(url, prompt)[0]
-
-
-def timed_first_token(url: str, prompt: list[int]) -> tuple[float, dict]:
-    """Seconds to the first streamed token of a token-id completion, and the server's own
-    explanation of it (``x-kvproxy-explain``: cached tokens, lookup and prefill seconds)."""
-    start = time.perf_counter()
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True}
-    headers = {"x-kvproxy-explain": "1"}
-    with HTTP.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                return time.perf_counter() - start, json.loads(r.headers["x-kvproxy-explain"])
-    raise RuntimeError("no token")
-
-
-def floor(url: str, blob_dir: Path, prompt: list[int]) -> tuple[float, float]:
-    """(seconds to read the bytes of every blob the cache stored for ``prompt``, seconds the server
-    spent computing the one uncached token of it), each the median of 5.
-
-    The read is plain file I/O here; the compute is what the server reports for a full hit
-    (prefill seconds minus the lookup stage's seconds).
-    """
-    paths = sorted(blob_dir.glob("*/*/*.safetensors"))
-    reads, computes = [], []
-    for _ in range(5):
-        start = time.perf_counter()
-        for path in paths:
-            path.read_bytes()
-        reads.append(time.perf_counter() - start)
-        _, explained = timed_first_token(url, prompt)
-        computes.append(explained["prefill_seconds"] - explained["load_seconds"])
-    return statistics.median(reads), statistics.median(computes)
-
-
-def lookup_scaling(url: str, redis_url: str, prompt: list[int]) -> dict[int, float]:
-    """Median seconds of the server's lookup stage for a cached 2,048-token prompt (RAM tier: one
-    Redis round trip and no blob read) with 10 and with 100,000 other keys in its Redis."""
-    client = redis.Redis.from_url(redis_url)
-    prefix = f"kvpbench-filler-{random.getrandbits(32):08x}:"
-    out = {}
-    for stored in (10, 100_000):
-        pipe = client.pipeline(transaction=False)
-        for i in range(stored):
-            pipe.set(f"{prefix}{i}", "x" * 100, ex=600)
-            if i % 5000 == 4999:
-                pipe.execute()
-        pipe.execute()
-        out[stored] = statistics.median(timed_first_token(url, prompt)[1]["load_seconds"] for _ in range(50))
-        keys = list(client.scan_iter(match=f"{prefix}*", count=10000))
-        for i in range(0, len(keys), 10000):
-            client.delete(*keys[i : i + 10000])
-    return out
-
-
-def run_workloads(
-    url: str, workloads: list[bench_workloads.Workload], concurrency: int, max_tokens: int = 16
-) -> list[Summary]:
-    client = bench_client.Client(f"{url}/v1")
-    return [
-        bench_client.run(client, MODEL, w, concurrency=concurrency, max_tokens=max_tokens) for w in workloads
-    ]
-
-
-def control(urls: dict[str, str]) -> tuple[dict[str, Summary], float]:
-    """The 0%-reuse control: the same unique prompts to both servers, alternating request by
-    request (which goes first alternates), so drift in the machine's speed hits both alike.
-
-    Returns:
-        Per server a summary whose throughput is output tokens over the summed request latencies,
-        and the median over prompts of the paired TTFT ratio cache / no-cache.
-    """
-    sessions = bench_workloads.zero_reuse(11, requests=32, prompt_tokens=512).sessions
-    results: dict[str, list[bench_client.Result]] = {label: [] for label in urls}
-    for i, session in enumerate(sessions):
-        labels = list(urls) if i % 2 == 0 else list(urls)[::-1]
-        for label in labels:
-            workload = bench_workloads.Workload("zero-reuse", [session])
-            results[label] += run_workloads(urls[label], [workload], 1)[0].results
-    busy = {label: sum(r.latency_s for r in rs) for label, rs in results.items()}
-    summaries = {
-        label: bench_client.summarize("zero-reuse", rs, busy[label]) for label, rs in results.items()
-    }
-    pairs = zip(results["cache"], results["no-cache"], strict=True)
-    return summaries, statistics.median(c.ttft_s / o.ttft_s for c, o in pairs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="prefixes of 512 and 1024 tokens only")
+    parser.add_argument(
+        "--quick", action="store_true", help="prefixes of 512 and 1024 tokens; no engine targets"
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--llama-python", default=None, help="python of a virtualenv with llama-cpp-python[server]"
+    )
+    parser.add_argument("--gguf", default=None, help="the GGUF file llama.cpp serves")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kvproxy-bench-"))
     prefix = f"kvpbench-{random.getrandbits(32):08x}:"
+    llama = (args.llama_python, Path(args.gguf)) if args.llama_python and args.gguf else None
+    engine = None if args.quick else measure_engine(work, prefix, llama)
     urls = {"cache": "http://127.0.0.1:8601", "no-cache": "http://127.0.0.1:8602"}
-    servers = [
-        serve(8601, work / "blobs", prefix),
-        serve(8602, work / "blobs-off", prefix + "off:", "--no-cache"),
-    ]
-    sizes = [512, 1024] if args.quick else [512, 1024, 2048, 4096]
-    try:
-        rng = random.Random(0)
-        prompt = [rng.randrange(100, 40000) for _ in range(2048)]
-        cold = statistics.median(ttft(urls["no-cache"], prompt) for _ in range(3))
-        ttft(urls["cache"], prompt)  # stores the 16 blocks
-        time.sleep(3)
-        warm = statistics.median(ttft(urls["cache"], prompt) for _ in range(7))
-        # the same blocks served by a process without a RAM tier: from the blob store
-        disk_server = serve(8603, work / "blobs", prefix, "--ram-cache-bytes", "0")
-        try:
-            from_disk = statistics.median(ttft("http://127.0.0.1:8603", prompt) for _ in range(7))
-        finally:
-            disk_server.terminate()
-            disk_server.wait(60)
-        read_s, forward_s = floor(urls["cache"], work / "blobs", prompt)
-        lookups = lookup_scaling(urls["cache"], args.redis_url, prompt)
-
-        workloads = bench_workloads.workloads(["shared", "multiturn", "docqa"], 0, sizes, "all")
-        results = {label: run_workloads(url, workloads, 1) for label, url in urls.items()}
-        zero, zero_ttft_ratio = control(urls)
-        concurrency_workload = bench_workloads.zero_reuse(7, requests=8, prompt_tokens=256)
-        conc = {
-            (label, c): run_workloads(url, [concurrency_workload], c, max_tokens=64)[0]
-            for label, url in urls.items()
-            for c in (1, 4)
-        }
-    finally:
-        for proc in servers:
-            proc.terminate()
-            proc.wait(60)
-
-    timings = {"cold": cold, "warm": warm, "from_disk": from_disk, "read": read_s, "forward": forward_s}
-    write_report(Path(args.out), timings, lookups, results, (zero, zero_ttft_ratio), conc)
+    with (
+        running(serve(8601, work / "blobs", prefix)),
+        running(serve(8602, work / "blobs-off", prefix + "off:", "--no-cache")),
+    ):
+        sizes = [512, 1024] if args.quick else [512, 1024, 2048, 4096]
+        cache = measure_cache(urls, work, prefix, args.redis_url, sizes)
+    write_report(Path(args.out), cache, engine)
     print(Path(args.out).read_text())
 
 

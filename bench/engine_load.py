@@ -1,0 +1,83 @@
+"""What a chat user feels, measured the same way on any OpenAI-compatible server: a round-robin
+of multi-turn conversations with long system prompts, single-stream decode speed, and aggregate
+speed of concurrent streams (every request greedy and streamed; tokens from usage when the
+server sends it, else counted as content chunks)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from bench.client import Client, Result
+from bench.workloads import QUESTIONS, corpus, text
+
+DECODE_PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The conversation workload's outcome: wall seconds and the TTFT of each turn's requests."""
+
+    wall_s: float
+    ttft_by_turn: list[list[float]]  # turn -> one TTFT per conversation
+
+    @property
+    def first_turn_p50_s(self) -> float:
+        return statistics.median(self.ttft_by_turn[0])
+
+    @property
+    def later_turns_p50_s(self) -> float:
+        return statistics.median([t for turn in self.ttft_by_turn[1:] for t in turn])
+
+
+def conversations(
+    client: Client,
+    model: str,
+    count: int = 6,
+    turns: int = 3,
+    system_tokens: int = 1500,
+    reply_tokens: int = 24,
+    seed: int = 0,
+) -> Conversations:
+    """``count`` conversations, each with a system prompt of its own of about ``system_tokens``
+    tokens, asked round-robin (every conversation's turn 1, then every turn 2, ...); each turn
+    sends the whole history and a new question and waits for a ``reply_tokens``-token answer."""
+    rng, paragraphs = random.Random(seed), corpus()
+    histories = [[{"role": "system", "content": text(rng, system_tokens, paragraphs)}] for _ in range(count)]
+    asked = [rng.sample(QUESTIONS, turns) for _ in range(count)]
+    ttft_by_turn: list[list[float]] = [[] for _ in range(turns)]
+    start = time.perf_counter()
+    for turn in range(turns):
+        for history, questions in zip(histories, asked, strict=True):
+            history.append({"role": "user", "content": questions[turn]})
+            result, answer = client.chat(model, history, reply_tokens)
+            history.append({"role": "assistant", "content": answer})
+            ttft_by_turn[turn].append(result.ttft_s)
+    return Conversations(time.perf_counter() - start, ttft_by_turn)
+
+
+def decode_speed(
+    client: Client, model: str, tokens: int = 128, repeats: int = 3, ban: int | None = None
+) -> float:
+    """Median single-stream decode tokens per second over ``repeats`` ``tokens``-token answers."""
+    extra = {"logit_bias": {str(ban): -100}} if ban is not None else {}
+    rates = [
+        client.chat(model, DECODE_PROMPT, tokens, **extra)[0].decode_tokens_per_s for _ in range(repeats)
+    ]
+    return statistics.median(rates)
+
+
+def concurrent_speed(client: Client, model: str, streams: int, tokens: int = 64) -> float:
+    """Aggregate tokens per second of ``streams`` simultaneous answers to distinct prompts."""
+    prompts = [[{"role": "user", "content": f"{q} (request {i})"}] for i, q in enumerate(QUESTIONS * 2)]
+
+    def one(messages: list[dict[str, str]]) -> Result:
+        return client.chat(model, messages, tokens)[0]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(one, prompts[:streams]))
+    return sum(r.completion_tokens for r in results) / (time.perf_counter() - start)

@@ -1,0 +1,119 @@
+"""The engine's part of ``docs/benchmarks.md``: kvproxy against llama.cpp, the formats, concurrency
+and the promise sweep (measurements of ``bench.engine_targets``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.promise import NEAR_TIE, SweepResult
+
+Target = tuple[str, str, bool]
+
+
+def engine_targets(engine: dict[str, Any]) -> list[Target]:
+    """Decode >= 1.0x llama.cpp, turns 2-3 TTFT >= 3x better, and the promise in each format swept."""
+    peers, out = engine["peers"], []
+    llama = peers.get("llama.cpp")
+    if llama is not None:
+        ours, theirs = engine["decode_alternating"]["kvproxy"], engine["decode_alternating"]["llama.cpp"]
+        out.append(
+            (
+                "decode, one stream: kvproxy (default) >= 1.0 x llama.cpp",
+                f"{ours:.1f} vs {theirs:.1f} tok/s = {ours / theirs:.2f} x (alternating, median of 3)",
+                ours >= theirs,
+            )
+        )
+        mine, peer = (
+            peers["kvproxy"]["conversations"].later_turns_p50_s,
+            llama["conversations"].later_turns_p50_s,
+        )
+        out.append(
+            (
+                "conversations, turns 2-3 TTFT p50: kvproxy >= 3 x better than llama.cpp",
+                f"{mine:.3f} s vs {peer:.3f} s = {peer / mine:.1f} x",
+                peer >= 3 * mine,
+            )
+        )
+    for label, result in engine["sweep"].items():
+        near = [d for d in result.divergences if d.near_tie]
+        out.append(
+            (
+                f"cached == cold, 50 prompts on a 384-token prefix, 64 tokens ({label})",
+                f"{result.identical}/{result.prompts} identical, {len(near)} divergences at a near-tie "
+                f"(gap < {NEAR_TIE}), {len(result.divergences) - len(near)} elsewhere; first-token "
+                f"log-probabilities within {result.max_first_logprob_diff:.1e}",
+                result.kept,
+            )
+        )
+    return out
+
+
+def engine_tables(engine: dict[str, Any]) -> list[str]:
+    """The side-by-side table, the formats, concurrency and the sweep's divergences."""
+    peers = engine["peers"]
+    lines = [
+        "## kvproxy against llama.cpp (SmolLM2-135M-Instruct, streaming chat, temperature 0)",
+        "",
+        "| | " + " | ".join(peers) + " |",
+        "| --- |" + " --- |" * len(peers),
+        "| format | " + " | ".join(p["format"] for p in peers.values()) + " |",
+        "| 6 conversations x 3 turns, ~1,500-token system prompts, round-robin, 24-token replies: "
+        "wall time | " + " | ".join(f"{p['conversations'].wall_s:.1f} s" for p in peers.values()) + " |",
+        "| TTFT, turn 1 (cold), p50 | "
+        + " | ".join(f"{p['conversations'].first_turn_p50_s:.2f} s" for p in peers.values())
+        + " |",
+        "| TTFT, turns 2-3, p50 | "
+        + " | ".join(f"{p['conversations'].later_turns_p50_s:.2f} s" for p in peers.values())
+        + " |",
+        "| decode, one stream, 128 tokens | "
+        + " | ".join(f"{p['decode']:.1f} tok/s" for p in peers.values())
+        + " |",
+        "",
+    ]
+    if "decode_alternating" in engine:
+        alternating = engine["decode_alternating"]
+        lines += [
+            "Decode measured again with both servers up, alternating request by request (3 rounds, medians): "
+            + ", ".join(f"{k} {v:.1f} tok/s" for k, v in alternating.items())
+            + ".",
+            "",
+        ]
+    lines += [
+        "## Formats (`--dtype`, `--weights`; cold and hit: a chat with a 1,500-token system prompt)",
+        "",
+        "| --dtype/--weights | what runs | decode tok/s (1 stream) | cold TTFT s | hit TTFT s "
+        "| cached tokens |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *[
+            f"| {name} | {row['format']} | {row['decode']:.1f} | {row['cold_ttft_s']:.2f} "
+            f"| {row['hit_ttft_s']:.3f} | {row['hit_cached_tokens']} |"
+            for name, row in engine["formats"].items()
+        ],
+        "",
+        "## Concurrent streams (default format, `--max-batch 8`, 64 tokens each)",
+        "",
+        "| Streams | Aggregate decode tok/s |",
+        "| --- | --- |",
+        *[f"| {n} | {rate:.1f} |" for n, rate in engine["concurrency"].items()],
+        "",
+        "## The promise (`bench.promise`)",
+        "",
+    ]
+    for label, result in engine["sweep"].items():
+        lines += sweep_lines(label, result)
+    return lines
+
+
+def sweep_lines(label: str, result: SweepResult) -> list[str]:
+    """One format's sweep: the summary and every divergence with the cold top-2 gap at its step."""
+    cached = sorted(set(result.cached_tokens))
+    lines = [
+        f"- **{label}**: {result.identical} of {result.prompts} answers identical; cached tokens per prompt "
+        f"{cached}; max |Δ| of first-token log-probabilities {result.max_first_logprob_diff:.1e}.",
+    ]
+    for d in result.divergences:
+        verdict = "near-tie" if d.near_tie else "NOT a near-tie"
+        lines.append(
+            f"  - prompt {d.prompt}: first differs at step {d.step}, cold top-2 gap {d.gap:.4f} ({verdict})"
+        )
+    return [*lines, ""]
