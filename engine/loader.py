@@ -25,7 +25,7 @@ from engine.loading import LoadedModel
 from engine.sequence import Sequence as Seq
 from engine.sequence import State
 from hashing import Namespace, reusable_tokens
-from store.interface import PrefixCache, PrefixMatch
+from store.interface import PrefixCache, PrefixMatch, TtlPlan
 from store.outcomes import MissReason
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def load_prefix(
     namespace: Namespace,
     prompt_ids: Sequence[int],
     buffers: tuple[torch.Tensor, torch.Tensor],
-    ttl_s: int | None = None,
+    ttl_s: TtlPlan = None,
 ) -> LoadedPrefix:
     """Look up the longest cached prefix of ``prompt_ids`` and copy it into ``buffers`` (see
     ``engine.kv.past_from_blocks``); ``cache`` None is ``--no-cache``."""

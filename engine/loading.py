@@ -43,6 +43,7 @@ class LoadedModel:
         context_length: maximum tokens (prompt + completion).
         eos_token_ids: token ids that end a completion.
         weights: the weight format (``"full"``, ``"int4"``, ``"int8"``).
+        aliases: further names requests may use for it (``--served-model-name``).
     """
 
     name: str
@@ -53,6 +54,12 @@ class LoadedModel:
     context_length: int
     eos_token_ids: frozenset[int]
     weights: WeightFormat = "full"
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name requests may use: ``name``, then the other aliases."""
+        return (self.name, *(a for a in self.aliases if a != self.name))
 
     @property
     def device(self) -> torch.device:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.sampling import SamplingParams
+from store.interface import TtlPlan
 from store.outcomes import CacheKind, MissReason, cache_kind, first_miss
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -29,7 +30,8 @@ class GenerationRequest:
         stop: strings that end the completion (excluded from its text).
         tenant: whose cache namespace to use (from the API key, never from the body).
         top_logprobs: how many most likely alternatives to report with each token.
-        cache_ttl_s: TTL of the blocks this request stores or hits (None: the cache's default).
+        cache_ttl_s: TTLs of the blocks this request stores or hits (``store.interface.TtlPlan``:
+            one for all, one per leading block, or None for the cache's default).
     """
 
     prompt_ids: tuple[int, ...]
@@ -38,7 +40,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     tenant: str = "default"
     top_logprobs: int = 0
-    cache_ttl_s: int | None = None
+    cache_ttl_s: TtlPlan = None
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,14 @@ class TokenDelta:
 
 @dataclass(frozen=True)
 class Finished:
+    """The completion is over: why, how many tokens it has, the text held back until the end (see
+    ``TextStream``), and the stop string that ended it (``"stop"`` by a stop string; None when the
+    model itself ended it)."""
+
     finish_reason: FinishReason
     completion_tokens: int
-    text: str = ""  # text held back until the end (see TextStream)
+    text: str = ""
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,8 @@ class Runner:
         else:
             sequence = seq.request.prompt_ids + tuple(seq.generated)
             self._save(seq, sequence, num_full_blocks(seq.n), num_full_blocks(seq.fed))
-            seq.handle.emit(Finished(reason, len(seq.generated), seq.text.finish()))
+            finished = Finished(reason, len(seq.generated), seq.text.finish(), seq.text.stop_sequence)
+            seq.handle.emit(finished)
         self._release(seq)
 
     def _fail(self, seq: Sequence, error: BaseException) -> None:

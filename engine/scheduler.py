@@ -115,6 +115,13 @@ class Scheduler:
             return self._running()
 
     @property
+    def kv_tokens(self) -> int:
+        """Positions whose K/V the admitted sequences hold (read while they run: a gauge)."""
+        with self._changed:
+            admitted = [*self._loading, *self._prefilling, *self._decoding]
+        return sum(seq.fed for seq in admitted)
+
+    @property
     def idle(self) -> bool:
         """Nothing admitted or waiting."""
         with self._changed:

@@ -19,6 +19,7 @@ class TextStream:
         self.token_ids: list[int] = []
         self.emitted = 0  # characters already handed out
         self.stopped = False
+        self.stop_sequence: str | None = None  # the stop string that ended the text
 
     def push(self, token_id: int) -> str:
         """Add one token; returns the text that is now safe to emit (maybe ``""``).
@@ -27,8 +28,9 @@ class TextStream:
         """
         self.token_ids.append(token_id)
         text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=None)
-        if cut is not None:
+        found = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.stop_sequence = min(found)
             self.stopped = True
             return self._emit(text[: max(cut, self.emitted)])
         if text.endswith("\ufffd"):

@@ -111,6 +111,13 @@ class Engine:
         return self.scheduler.running
 
     @property
+    def kv_cache_usage(self) -> float:
+        """Fraction (0 to 1) of the K/V room in use: positions held by admitted requests over
+        ``max_batch`` full contexts (vLLM's ``kv_cache_usage_perc``)."""
+        room = self.scheduler.max_batch * self.loaded.context_length
+        return min(1.0, self.scheduler.kv_tokens / room)
+
+    @property
     def idle(self) -> bool:
         """No request admitted or waiting."""
         return self.scheduler.idle

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
@@ -14,12 +17,24 @@ from engine.worker import Engine
 from proxy.auth import parse_api_keys
 from proxy.config import Settings
 from proxy.errors import install_error_handlers
-from proxy.limits import BodySizeLimit
+from proxy.limits import BodySizeLimit, header_timeout_protocol
 from proxy.metrics import Metrics, RequestMetrics
-from proxy.routes import cache, chat, completions, health, models, observe
+from proxy.routes import cache, chat, completions, health, messages, models, observe, tokenize
 from proxy.stores import open_cache
 
 log = logging.getLogger(__name__)
+
+
+def server_config(app: FastAPI, settings: Settings, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for ``app``: ``settings``' address, incomplete requests closed
+    after ``--header-timeout``; ``options`` override."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=header_timeout_protocol(settings.header_timeout),
+        **options,
+    )
 
 
 def create_app(settings: Settings | None = None, loaded: LoadedModel | None = None) -> FastAPI:
@@ -45,6 +60,9 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
                 weights=settings.weights,
                 device=settings.device,
             )
+        if settings.served_model_name:
+            names = tuple(n.strip() for n in settings.served_model_name.split(",") if n.strip())
+            model = dataclasses.replace(model, name=names[0], aliases=names)
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)
         engine = Engine(model, block_cache, settings.max_queue, settings.max_batch)
         app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
@@ -56,10 +74,10 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         await run_in_threadpool(engine.close)
 
     app = FastAPI(title="kvproxy", lifespan=lifespan)
-    app.state.api_keys = api_keys
+    app.state.api_keys, app.state.settings = api_keys, settings
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)
     install_error_handlers(app)
-    for module in (chat, completions, models, health, cache, observe):
+    for module in (chat, completions, messages, tokenize, models, health, cache, observe):
         app.include_router(module.router)
     return app

@@ -45,9 +45,13 @@ def parse_api_keys(value: str | None) -> dict[str, str] | None:
 
 
 def bearer(request: Request) -> str | None:
+    """The API key: ``Authorization: Bearer <key>`` (OpenAI's clients) or ``x-api-key: <key>``
+    (Anthropic's)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def get_tenant(request: Request) -> str:

@@ -61,7 +61,7 @@ def serve(**flags: Any) -> None:
     import uvicorn
 
     from engine.loading import load_model_apart
-    from proxy.app import create_app
+    from proxy.app import create_app, server_config
     from proxy.auth import parse_api_keys
 
     settings = load_settings(**flags)
@@ -84,9 +84,8 @@ def serve(**flags: Any) -> None:
     click.echo(f"kvproxy: serving {loaded.name} on http://{settings.host}:{settings.port}/v1", err=True)
     # NOTE: on SIGTERM, requests in flight get a bounded time to finish; pending cache saves are
     # then flushed by the app's shutdown.
-    uvicorn.run(
-        create_app(settings, loaded), host=settings.host, port=settings.port, timeout_graceful_shutdown=15
-    )
+    app = create_app(settings, loaded)
+    uvicorn.Server(server_config(app, settings, timeout_graceful_shutdown=15)).run()
 
 
 @main.group()

@@ -48,7 +48,12 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
     model: str = Field(
         "smollm2-135m-instruct",
-        description="Known model name, Hugging Face checkpoint directory, or .gguf file.",
+        description="Known model name, Hugging Face checkpoint directory, .gguf file or hub id.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Names requests may use for the model, comma-separated; the first is the one "
+        "listed first (default: the model's own name).",
     )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
@@ -78,6 +83,12 @@ class Settings(BaseSettings):
     )
     max_body_bytes: Bytes = Field(
         4 * 1024 * 1024, gt=0, description="Largest request body accepted, in bytes."
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a client has to send its request line and headers, and at most between "
+        "two chunks of its body; then the connection is closed.",
     )
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

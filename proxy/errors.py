@@ -1,9 +1,11 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with a status."""
+"""Errors as clients expect them: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, or
+Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on the Messages API, with a status."""
 
 from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +17,22 @@ log = logging.getLogger(__name__)
 _UNION_TAG = re.compile(
     r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$"
 )
+
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
 
 
 class OpenAIError(Exception):
@@ -33,20 +51,35 @@ class OpenAIError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
 
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+    def response(self, dialect: str = "openai") -> JSONResponse:
+        """The error in OpenAI's shape, or Anthropic's (``dialect="anthropic"``, the Messages API)."""
+        body: dict[str, Any] = {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        }
+        if dialect == "anthropic":
+            text = (
+                f"{self.param}: {self.message}"
+                if self.param and self.param not in self.message
+                else self.message
+            )
+            body = error_body(self.status, text)
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def dialect(path: str) -> str:
+    """``"anthropic"`` for the Messages API's routes (``path``), else ``"openai"``."""
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Every error leaves the server in OpenAI's shape; FastAPI's 422 becomes a 400."""
 
     @app.exception_handler(OpenAIError)
-    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
-        return exc.response()
+    async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response(dialect(request.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         # NOTE: pydantic names the member of a union it tried (``prompt.str``); clients want the field.
         loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
@@ -59,14 +92,16 @@ def install_error_handlers(app: FastAPI) -> None:
         elif first.get("type") == "missing" and not loc:
             message = "the request needs a JSON body"
         param = ".".join(loc) or None
-        return OpenAIError(400, f"{param}: {message}" if param else message, param=param).response()
+        error = OpenAIError(400, f"{param}: {message}" if param else message, param=param)
+        return error.response(dialect(request.url.path))
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return OpenAIError(exc.status_code, str(exc.detail), type=kind).response()
+        return OpenAIError(exc.status_code, str(exc.detail), type=kind).response(dialect(request.url.path))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
-        return OpenAIError(500, "internal server error", type="server_error").response()
+        error = OpenAIError(500, "internal server error", type="server_error")
+        return error.response(dialect(request.url.path))

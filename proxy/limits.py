@@ -1,10 +1,14 @@
-"""A bound on request body size, enforced before the body is parsed (413)."""
+"""Bounds on what one client can hold: the request body's size (413, before parsing) and the time
+to send request headers (the connection is closed)."""
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+import asyncio
 
-from proxy.errors import OpenAIError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from proxy.errors import OpenAIError, dialect
 
 
 class BodySizeLimit:
@@ -53,4 +57,57 @@ class BodySizeLimit:
         error = OpenAIError(
             413, f"request body is larger than {self.max_bytes} bytes", code="request_too_large"
         )
-        await error.response()(scope, receive, send)
+        await error.response(dialect(scope["path"]))(scope, receive, send)
+
+
+def header_timeout_protocol(seconds: float) -> type[HttpToolsProtocol]:
+    """uvicorn's HTTP protocol, closing a connection whose request is incomplete for too long:
+    its request line and headers have not all arrived within ``seconds`` of the connection (or of
+    the request's first byte), or its body stalls ``seconds`` between two chunks.
+
+    NOTE: uvicorn times out idle keep-alive connections but not incomplete requests: a client
+    that opens connections and trickles headers, sends nothing, or never sends the body it
+    announced would hold them forever. A slow but steady upload is never cut.
+    """
+
+    class HeaderTimeout(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._arm()  # now for the body's first chunk
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self._arm()
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeout

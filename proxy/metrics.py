@@ -3,7 +3,8 @@
 
 Metric names follow vLLM's meaning where one exists: ``kvproxy_prefix_cache_queries_total`` and
 ``kvproxy_prefix_cache_hits_total`` count *tokens* looked up and found, as vLLM's
-``prefix_cache_queries``/``prefix_cache_hits`` do. Label values are bounded: routes, status codes,
+``prefix_cache_queries``/``prefix_cache_hits`` do; the vLLM-named series themselves are in
+``proxy.vllm_metrics``. Label values are bounded: routes, status codes,
 ``CacheKind``, ``EvictionReason``, store operations; never prompts, hashes or tenants.
 """
 
@@ -19,9 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.requests import PrefillDone
+from engine.requests import Finished, PrefillDone
 from engine.worker import Engine
 from proxy.records import RequestLog, RequestRecord
+from proxy.vllm_metrics import VllmMetrics
 from store.interface import CacheAdmin
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -56,12 +58,14 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_EngineAndStoreCollector(engine, cache))
+        self.vllm = VllmMetrics(self.registry, engine, engine.loaded.served_names[0], cache is not None)
         self.log = RequestLog()
         self._seconds_per_token: float | None = None
         self._lock = threading.Lock()
 
-    def observe(self, namespace_hex: str, done: PrefillDone, started: float) -> None:
-        """Record a request whose first token is out now; ``started`` is its arrival (monotonic)."""
+    def observe(self, namespace_hex: str, done: PrefillDone, started: float) -> float:
+        """Record a request whose first token is out now; ``started`` is its arrival (monotonic
+        seconds). Returns its TTFT in seconds."""
         ttft = time.monotonic() - started
         prefilled = done.prompt_tokens - done.cached_tokens
         with self._lock:
@@ -85,6 +89,12 @@ class Metrics:
         self.ttft.labels(done.kind).observe(ttft)
         self.prefill_seconds.inc(done.prefill_s)
         self.prefill_saved.inc(saved)
+        self.vllm.prefilled(done, ttft)
+        return ttft
+
+    def finished(self, finished: Finished, started: float, ttft_s: float) -> None:
+        """Record a finished request that arrived at ``started`` (monotonic seconds)."""
+        self.vllm.finished(finished, ttft_s, time.monotonic() - started)
 
 
 class _EngineAndStoreCollector(Collector):

@@ -28,6 +28,17 @@ class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it: role, text and the tool fields that are set."""
+        out: dict[str, Any] = {"role": self.template_role(), "content": self.text()}
+        for field in ("name", "tool_calls", "tool_call_id", "function_call"):
+            if getattr(self, field) is not None:
+                out[field] = getattr(self, field)
+        return out
 
     def text(self) -> str:
         """The content as one string (text parts joined)."""
@@ -110,6 +121,10 @@ class ResponseFormat(_Lenient):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template() for m in self.messages]
+
     max_completion_tokens: Count | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)

@@ -5,7 +5,7 @@ or hand its events to the streaming response. A client that goes away cancels it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ class Running:
 
     def __init__(self, engine: Engine, request: GenerationRequest) -> None:
         loop = asyncio.get_running_loop()
+        self.on_finished: Callable[[Finished], None] | None = None
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.handle: RequestHandle = engine.submit(
             request, lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -46,6 +47,8 @@ class Running:
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             event = await self.events.get()
+            if isinstance(event, Finished) and self.on_finished is not None:
+                self.on_finished(event)
             yield event
             if isinstance(event, Finished | Failed):
                 return
@@ -70,6 +73,7 @@ class Completion:
     finish_reason: str = "stop"
     tokens: list[TokenDelta] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
+    finished: Finished | None = None
 
 
 def submit(engine: Engine, generation: GenerationRequest) -> Running:
@@ -106,7 +110,9 @@ async def start(request: Request, engine: Engine, generation: GenerationRequest)
         raise OpenAIError(499, "the client closed the request", code="client_closed_request")
     app = request.app.state
     namespace = engine.loaded.namespace(generation.tenant)
-    app.metrics.observe(namespace.hex(), event, request.scope["state"]["started"])
+    arrived = request.scope["state"]["started"]
+    ttft = app.metrics.observe(namespace.hex(), event, arrived)
+    running.on_finished = lambda finished: app.metrics.finished(finished, arrived, ttft)
     explanation = None
     if request.headers.get(EXPLAIN_HEADER) == "1":
         explanation = await explain(engine.loaded, app.cache, generation.tenant, generation.prompt_ids, event)
@@ -126,7 +132,11 @@ async def complete(started: Started, request: Request) -> Completion:
                 result.tokens.append(event)
             elif isinstance(event, Finished):
                 parts.append(event.text)
-                result.text, result.finish_reason = "".join(parts), event.finish_reason
+                result.text, result.finish_reason, result.finished = (
+                    "".join(parts),
+                    event.finish_reason,
+                    event,
+                )
                 result.usage = usage(done.prompt_tokens, event.completion_tokens, done.cached_tokens)
             elif isinstance(event, Failed):
                 raise event.error

@@ -23,11 +23,12 @@ def check_request(engine: Engine, body: SamplingFields) -> None:
 
 
 def check_model(engine: Engine, name: str) -> None:
-    """Raises a 404 ``model_not_found`` unless ``name`` is the served model."""
-    if name != engine.loaded.name:
+    """Raises a 404 ``model_not_found`` unless ``name`` is one of the served model's names."""
+    if name not in engine.loaded.served_names:
+        served = "', '".join(engine.loaded.served_names)
         raise OpenAIError(
             404,
-            f"The model '{name}' does not exist; this server serves '{engine.loaded.name}'",
+            f"The model '{name}' does not exist; this server serves '{served}'",
             param="model",
             code="model_not_found",
         )
@@ -40,7 +41,7 @@ def cache_ttl(settings: Settings, retention: str | None) -> int:
 
 
 def completion_budget(
-    engine: Engine, settings: Settings, body: SamplingFields, n: int, max_tokens: int | None
+    engine: Engine, settings: Settings, n: int, max_tokens: int | None, prompt_param: str = "prompt"
 ) -> int:
     """Tokens the completion may have: ``max_tokens``, or up to the context bounded by
     ``--default-max-tokens`` when absent (OpenAI's "up to the context").
@@ -55,7 +56,7 @@ def completion_budget(
         raise OpenAIError(
             400,
             f"This model's maximum context length is {context} tokens; the prompt alone has {n}.",
-            param="messages" if hasattr(body, "messages") else "prompt",
+            param=prompt_param,
             code="context_length_exceeded",
         )
     if max_tokens is None:
@@ -85,7 +86,8 @@ def generation_request(
     Raises:
         OpenAIError: see ``completion_budget``; a ``logit_bias`` key outside the vocabulary (400).
     """
-    budget = completion_budget(engine, settings, body, len(prompt_ids), max_tokens)
+    prompt_param = "messages" if hasattr(body, "messages") else "prompt"
+    budget = completion_budget(engine, settings, len(prompt_ids), max_tokens, prompt_param)
     try:
         bias = body.token_bias(engine.loaded.model.config.vocab_size)
     except ValueError as exc:

@@ -17,7 +17,7 @@ import torch
 from hashing import Namespace
 from store.admin import StoreAdmin
 from store.blobs import BlobStore
-from store.interface import KVSpec, PrefixMatch
+from store.interface import KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.lookup import PrefixLookup
 from store.parts import BlockIndex
 from store.ram import RamTier
@@ -89,7 +89,7 @@ class BlockCache(StoreAdmin):
         namespace: Namespace,
         token_ids: Sequence[int],
         max_blocks: int | None = None,
-        ttl_s: int | None = None,
+        ttl_s: TtlPlan = None,
     ) -> PrefixMatch:
         """See ``PrefixCache.lookup``: one Redis round trip, then read and verify in chain order."""
         return self._lookup.lookup(namespace, token_ids, max_blocks, ttl_s)
@@ -101,10 +101,11 @@ class BlockCache(StoreAdmin):
         first_block: int,
         key: torch.Tensor,
         value: torch.Tensor,
-        ttl_s: int | None = None,
+        ttl_s: TtlPlan = None,
     ) -> None:
         """See ``PrefixCache.save``: queue the blocks for the background writer."""
-        self.writer.save(namespace, token_ids, first_block, key, value, ttl_s or self.ttl_s)
+        ttls = block_ttls(ttl_s, first_block + key.shape[0], self.ttl_s)[first_block:]
+        self.writer.save(namespace, token_ids, first_block, key, value, ttls)
 
     def flush(self, timeout_s: float) -> bool:
         """See ``PrefixCache.flush``."""

@@ -53,11 +53,11 @@ class RedisIndex:
         return self.key_prefix + member_name(namespace, block_hash)
 
     def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int
+        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
     ) -> tuple[list[IndexEntry], bool]:
         """Entries of the leading blocks present, stopping at the first missing one.
 
-        One round trip; refreshes the TTL of each matched key to at least ``ttl_s`` seconds and
+        One round trip; refreshes the TTL of matched key i to at least ``ttls[i]`` seconds and
         marks it used now. An entry that does not parse ends the match there.
 
         Returns:
@@ -67,14 +67,8 @@ class RedisIndex:
         if not hashes:
             return [], False
         keys = [self.block_key(namespace, h) for h in hashes]
-        args: list[str | int | float] = [
-            ttl_s,
-            self.lru_key,
-            len(self.key_prefix),
-            time.time(),
-            self.key_prefix,
-        ]
-        raws, seen = self._match(keys=keys, args=args)
+        args: list[str | int | float] = [self.lru_key, len(self.key_prefix), time.time(), self.key_prefix]
+        raws, seen = self._match(keys=keys, args=[*args, *ttls])
         entries: list[IndexEntry] = []
         for raw in raws:
             try:

@@ -22,6 +22,18 @@ from store.stats import CacheStats, GcReport
 
 CacheHealth = Literal["ok", "degraded", "disabled"]
 
+TtlPlan = int | Sequence[int | None] | None
+"""How long blocks stay cached after a save or a hit, in seconds: one TTL for every block, or one
+per leading block (block i takes ``plan[i]``; blocks past the plan, and ``None``, take the
+cache's default), or None for the default everywhere."""
+
+
+def block_ttls(plan: TtlPlan, count: int, default: int) -> list[int]:
+    """The TTL of each of ``count`` leading blocks under ``plan``."""
+    if plan is None or isinstance(plan, int):
+        return [plan or default] * count
+    return [(plan[i] if i < len(plan) else None) or default for i in range(count)]
+
 
 @dataclass(frozen=True)
 class KVSpec:
@@ -111,13 +123,13 @@ class PrefixCache(Protocol):
         namespace: Namespace,
         token_ids: Sequence[int],
         max_blocks: int | None = None,
-        ttl_s: int | None = None,
+        ttl_s: TtlPlan = None,
     ) -> PrefixMatch:
         """Longest verified cached prefix of ``token_ids``, at most ``max_blocks`` blocks (None:
         every full block).
 
-        Refreshes the TTL of every matched block to at least ``ttl_s`` seconds (sliding TTL;
-        None: the cache's default) and marks them recently used.
+        Refreshes the TTL of every matched block to at least its TTL under ``ttl_s`` (sliding
+        TTL; never shortened) and marks them recently used.
         """
         ...
 
@@ -128,10 +140,10 @@ class PrefixCache(Protocol):
         first_block: int,
         key: torch.Tensor,
         value: torch.Tensor,
-        ttl_s: int | None = None,
+        ttl_s: TtlPlan = None,
     ) -> None:
-        """Schedule blocks ``first_block ..`` of ``token_ids`` for storage with a TTL of ``ttl_s``
-        seconds (None: the cache's default).
+        """Schedule blocks ``first_block ..`` of ``token_ids`` for storage, each with its TTL under
+        ``ttl_s`` (the plan counts from block 0).
 
         Args:
             token_ids: the whole sequence so far (prompt, or prompt + completion).

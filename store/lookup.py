@@ -26,7 +26,7 @@ from typing import Any
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
 from store.blobs import BlobStore
 from store.guard import Guard
-from store.interface import KVBlock, KVSpec, PrefixMatch
+from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import BlockIndex
 from store.ram import RamTier
@@ -97,7 +97,7 @@ class PrefixLookup:
         self._readers = ReaderPool(readers)
 
     def lookup(
-        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int | None, ttl_s: int | None
+        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int | None, ttl_s: TtlPlan
     ) -> PrefixMatch:
         """See ``PrefixCache.lookup``."""
         limit = len(token_ids) if max_blocks is None else max_blocks * BLOCK_SIZE
@@ -111,11 +111,12 @@ class PrefixLookup:
         return match
 
     def _match(
-        self, namespace: Namespace, token_ids: Sequence[int], hashes: list[BlockHash], ttl_s: int | None
+        self, namespace: Namespace, token_ids: Sequence[int], hashes: list[BlockHash], ttl_s: TtlPlan
     ) -> PrefixMatch:
         if not hashes:
             return PrefixMatch([])
-        found = self.guard.redis("match", self.index.match, namespace, hashes, ttl_s or self.ttl_s)
+        ttls = block_ttls(ttl_s, len(hashes), self.ttl_s)
+        found = self.guard.redis("match", self.index.match, namespace, hashes, ttls)
         if found is None:
             return PrefixMatch([], MissReason.UNAVAILABLE)
         entries, seen = found

@@ -121,7 +121,7 @@ class MemoryIndex:
 
     @_locked
     def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int
+        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
     ) -> tuple[list[IndexEntry], bool]:
         out: list[IndexEntry] = []
         for i, h in enumerate(hashes):
@@ -129,7 +129,7 @@ class MemoryIndex:
             entry = self._entry(member)
             if entry is None:
                 return out, member in self.seen
-            expires = max(self.entries_[member][1], self.clock() + ttl_s)
+            expires = max(self.entries_[member][1], self.clock() + ttls[i])
             self.entries_[member] = (entry, expires)
             self.lru[member] = self.clock() - i * 1e-6
             out.append(entry)

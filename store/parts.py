@@ -60,10 +60,11 @@ class BlockIndex(Protocol):
     key_prefix: str
 
     def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int
+        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
     ) -> tuple[list[IndexEntry], bool]:
-        """Entries of the leading blocks present, and whether the first missing one was stored
-        once (it expired or was evicted) rather than never seen."""
+        """Entries of the leading blocks present (each one's TTL refreshed to at least its own
+        ``ttls[i]`` seconds), and whether the first missing one was stored once (it expired or
+        was evicted) rather than never seen."""
         ...
 
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]: ...

@@ -8,13 +8,13 @@ the blocks one request used or stored are evicted tail first.
 """
 
 # MATCH: walk a chain, stopping at the first missing entry; refresh TTL and LRU of each found.
-#   KEYS[i]  the entry key of block i (in chain order)
-#   ARGV[1]  TTL in seconds        ARGV[2]  LRU sorted-set key   ARGV[3]  length of the key prefix
-#   ARGV[4]  now (Unix seconds)    ARGV[5]  the key prefix
+#   KEYS[i]    the entry key of block i (in chain order)
+#   ARGV[1]    LRU sorted-set key     ARGV[2]  length of the key prefix   ARGV[3]  now (Unix seconds)
+#   ARGV[4]    the key prefix         ARGV[4 + i]  block i's TTL in seconds
 # Returns {entries found (JSON strings), 1 if the first missing block was stored once else 0}.
 MATCH = """
-local now = tonumber(ARGV[4])
-local plen = tonumber(ARGV[3])
+local now = tonumber(ARGV[3])
+local plen = tonumber(ARGV[2])
 local entries = {}
 local seen = 0
 for i, key in ipairs(KEYS) do
@@ -22,11 +22,11 @@ for i, key in ipairs(KEYS) do
   if not entry then
     local member = string.sub(key, plen + 1)
     local ns, hash = string.match(member, '^(%x+):b:(%x+)$')
-    seen = redis.call('EXISTS', ARGV[5] .. ns .. ':s:' .. hash)
+    seen = redis.call('EXISTS', ARGV[4] .. ns .. ':s:' .. hash)
     break
   end
-  redis.call('EXPIRE', key, ARGV[1], 'GT')
-  redis.call('ZADD', ARGV[2], 'XX', now - i * 1e-6, string.sub(key, plen + 1))
+  redis.call('EXPIRE', key, ARGV[4 + i], 'GT')
+  redis.call('ZADD', ARGV[1], 'XX', now - i * 1e-6, string.sub(key, plen + 1))
   entries[i] = entry
 end
 return {entries, seen}

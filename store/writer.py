@@ -60,7 +60,7 @@ class _SaveJob:
     namespace: Namespace
     blocks: list[KVBlock]  # consecutive, in chain order
     parent: BlockHash | None  # of the first block
-    ttl_s: int
+    ttls: list[int]  # seconds, per block
     created: float = field(default_factory=time.time)
 
 
@@ -103,9 +103,10 @@ class BlockWriter:
         first_block: int,
         key: torch.Tensor,
         value: torch.Tensor,
-        ttl_s: int,
+        ttls: Sequence[int],
     ) -> None:
-        """Queue blocks ``first_block ..`` of ``token_ids`` (see ``PrefixCache.save``)."""
+        """Queue blocks ``first_block ..`` of ``token_ids`` (see ``PrefixCache.save``) with the
+        TTLs ``ttls`` (seconds, one per block)."""
         assert key.shape[3] == BLOCK_SIZE and key.is_contiguous(), key.shape
         end = first_block + key.shape[0]
         hashes = block_hashes(token_ids[: end * BLOCK_SIZE], namespace)
@@ -114,7 +115,7 @@ class BlockWriter:
             KVBlock(i, hashes[i], block_tokens(token_ids, i), k, v)
             for i, (k, v) in enumerate(pairs, start=first_block)
         ]
-        job = _SaveJob(namespace, blocks, hashes[first_block - 1] if first_block else None, ttl_s)
+        job = _SaveJob(namespace, blocks, hashes[first_block - 1] if first_block else None, list(ttls))
         self.pending.add(namespace, blocks)
         if not self.enqueue(lambda: self._write(job)):
             self.pending.remove(namespace, blocks)
@@ -180,7 +181,7 @@ class BlockWriter:
         if missing is None:
             return
         parent = job.parent
-        for block, needed in zip(job.blocks, missing, strict=True):
+        for block, needed, ttl_s in zip(job.blocks, missing, job.ttls, strict=True):
             block_parent, parent = parent, block.block_hash
             if not needed:
                 self.ram.put(job.namespace, block)
@@ -198,7 +199,7 @@ class BlockWriter:
                 )
                 return
             entry = new_entry(self.blobs.name(job.namespace, block.block_hash), len(data), block_parent)
-            args = (job.namespace, block.block_hash, block_parent, block.index, entry, job.ttl_s, job.created)
+            args = (job.namespace, block.block_hash, block_parent, block.index, entry, ttl_s, job.created)
             total = self.guard.redis("publish", self.index.publish, *args)
             if total is None:
                 return

@@ -39,6 +39,7 @@ from engine.requests import Event, Failed, Finished, GenerationRequest, PrefillD
 from engine.sampling import SamplingParams
 from engine.worker import Engine
 from hashing import BLOCK_SIZE, namespace_digest
+from proxy.app import server_config
 from store.interface import KVSpec
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
@@ -167,9 +168,8 @@ class ServerThread:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.port = free_port()
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
+        settings = app.state.settings.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        self.server = uvicorn.Server(server_config(app, settings, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from jinja2 import TemplateError
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import TokenDelta
 from engine.worker import Engine
 from proxy.auth import Tenant
 from proxy.errors import OpenAIError
+from proxy.logprobs import chat_logprobs
 from proxy.protocol import ChatCompletionRequest
+from proxy.rendering import RenderError, render_chat
 from proxy.running import complete, start
 from proxy.state import EngineDep, SettingsDep
 from proxy.streaming import event_stream, json_response, new_id, now, sse_stream
@@ -22,35 +23,15 @@ router = APIRouter()
 
 
 def render_prompt(engine: Engine, body: ChatCompletionRequest) -> list[int]:
-    """The chat template rendered with the generation prompt, as token ids.
+    """The chat rendered with the generation prompt, as token ids (``proxy.rendering``).
 
-    NOTE: the template already writes every special token it wants (BOS, role markers), so the
-    tokenizer must not add its own (``add_special_tokens=False``): no doubled BOS.
+    Raises:
+        OpenAIError: 400 naming the field the chat template cannot render.
     """
-    tokenizer = engine.loaded.tokenizer
-    if not tokenizer.chat_template:
-        raise OpenAIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    messages = [{"role": m.template_role(), "content": m.text()} for m in body.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except TemplateError as exc:
-        raise OpenAIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def chat_logprobs(engine: Engine, tokens: list[TokenDelta]) -> dict[str, Any]:
-    """OpenAI chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
-
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = engine.loaded.tokenizer.decode([token_id])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-    return {
-        "content": [
-            entry(t.token_id, t.logprob) | {"top_logprobs": [entry(i, lp) for i, lp in t.top_logprobs]}
-            for t in tokens
-        ]
-    }
+        return render_chat(engine.loaded.tokenizer, body.template_messages())
+    except RenderError as exc:
+        raise OpenAIError(400, exc.message, param=exc.param) from exc
 
 
 @router.post("/v1/chat/completions")
@@ -70,7 +51,7 @@ async def chat_completions(
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
-        return chat_logprobs(engine, tokens) if body.logprobs and tokens else None
+        return chat_logprobs(engine.loaded.tokenizer, tokens) if body.logprobs and tokens else None
 
     if body.stream:
         sent_role = False
@@ -92,7 +73,7 @@ async def chat_completions(
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
-                "model": engine.loaded.name,
+                "model": body.model,
                 "choices": [choice],
             }
 
@@ -113,7 +94,7 @@ async def chat_completions(
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
-        "model": engine.loaded.name,
+        "model": body.model,
         "choices": [choice],
         "usage": result.usage,
     }

@@ -11,6 +11,7 @@ from engine.requests import TokenDelta
 from engine.worker import Engine
 from proxy.auth import Tenant
 from proxy.errors import OpenAIError
+from proxy.logprobs import completion_logprobs
 from proxy.protocol import CompletionRequest
 from proxy.running import complete, start
 from proxy.state import EngineDep, SettingsDep
@@ -36,19 +37,6 @@ def prompt_ids(engine: Engine, body: CompletionRequest) -> list[int]:
     return list(body.prompt)
 
 
-def completion_logprobs(engine: Engine, tokens: list[TokenDelta], offset: int = 0) -> dict[str, Any]:
-    """Legacy completions ``logprobs``: tokens, token_logprobs, top_logprobs, text_offset."""
-    decode = engine.loaded.tokenizer.decode
-    texts = [decode([t.token_id]) for t in tokens]
-    offsets = [offset + sum(len(x) for x in texts[:i]) for i in range(len(texts))]
-    return {
-        "tokens": texts,
-        "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [{decode([i]): lp for i, lp in t.top_logprobs} for t in tokens],
-        "text_offset": offsets,
-    }
-
-
 @router.post("/v1/completions")
 async def completions(
     body: CompletionRequest,
@@ -67,9 +55,13 @@ async def completions(
         echoed = body.prompt if isinstance(body.prompt, str) else engine.loaded.tokenizer.decode(ids)
     completion_id, created = new_id("cmpl"), now()
     want_logprobs = body.logprobs is not None
+    tokenizer = engine.loaded.tokenizer
+    returned = 0  # characters of text sent so far: where the next token's text starts
 
     def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
-        logprobs = completion_logprobs(engine, tokens) if want_logprobs and tokens else None
+        nonlocal returned
+        logprobs = completion_logprobs(tokenizer, tokens, returned) if want_logprobs and tokens else None
+        returned += len(text or "")
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         if body.return_token_ids:
             choice["token_ids"] = [t.token_id for t in tokens]
@@ -77,7 +69,7 @@ async def completions(
             "id": completion_id,
             "object": "text_completion",
             "created": created,
-            "model": engine.loaded.name,
+            "model": body.model,
             "choices": [choice],
         }
 
@@ -85,5 +77,6 @@ async def completions(
         stream = sse_stream(started, chunk, body.include_usage, every_token=want_logprobs, first_text=echoed)
         return event_stream(started, stream)
     result = await complete(started, request)
+    returned = len(echoed)  # the tokens' text follows the echoed prompt
     response = chunk(echoed + result.text, result.tokens, result.finish_reason) | {"usage": result.usage}
     return json_response(started, response)

@@ -14,16 +14,25 @@ from proxy.validation import check_model
 router = APIRouter(dependencies=[Depends(get_tenant)])
 
 
-def describe(engine: Engine) -> dict[str, Any]:
-    return {"id": engine.loaded.name, "object": "model", "created": 0, "owned_by": "kvproxy"}
+def describe(engine: Engine, name: str) -> dict[str, Any]:
+    """OpenAI's model object, with vLLM's ``max_model_len`` and ``root``."""
+    loaded = engine.loaded
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "kvproxy",
+        "root": loaded.name,
+        "max_model_len": loaded.context_length,
+    }
 
 
 @router.get("/v1/models")
 async def list_models(engine: EngineDep) -> dict[str, Any]:
-    return {"object": "list", "data": [describe(engine)]}
+    return {"object": "list", "data": [describe(engine, name) for name in engine.loaded.served_names]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, engine: EngineDep) -> dict[str, Any]:
     check_model(engine, model_id)
-    return describe(engine)
+    return describe(engine, model_id)

@@ -11,6 +11,8 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from engine.fetch import ModelError
 from engine.loading import load_model
+from engine.resolve import model_fingerprint
+from tests.helpers import build_tiny_model
 
 
 def test_missing_model_path_exits_with_advice(tmp_path) -> None:
@@ -61,3 +63,32 @@ def test_sliding_window_model_is_refused(tmp_path, tiny_model) -> None:
 def test_unknown_dtype_is_refused(tmp_path) -> None:
     with pytest.raises(ModelError, match="dtype"):
         load_model("smollm2-135m-instruct", cache_dir=tmp_path, dtype="int3")
+
+
+def test_a_hub_id_loads_from_the_hub_cache_without_the_network(tmp_path, monkeypatch) -> None:
+    """`--model org/name` is the snapshot in transformers' hub cache (hub unreachable); an id that
+    is nowhere is a clear error."""
+    import huggingface_hub
+
+    cache, revision = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--kvproxy-test--tiny"
+    build_tiny_model(repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    loaded = load_model("kvproxy-test/tiny", cache_dir=tmp_path)
+    assert loaded.name == "kvproxy-test/tiny" and loaded.kv_spec.num_layers == 2
+    with pytest.raises(ModelError, match="Hugging Face hub"):
+        load_model("kvproxy-test/absent", cache_dir=tmp_path)
+
+
+def test_the_fingerprint_is_kept_and_follows_changed_weights(tmp_path) -> None:
+    """Computed once per checkpoint and kept under the cache directory; rewritten weights (a new
+    modification time) are hashed again and change it."""
+    path = build_tiny_model(tmp_path / "model")
+    first = model_fingerprint(path, tmp_path / "cache")
+    assert len(list((tmp_path / "cache" / "fingerprints").iterdir())) == 1
+    assert model_fingerprint(path, tmp_path / "cache") == first
+    build_tiny_model(path, seed=1)
+    assert model_fingerprint(path, tmp_path / "cache") != first

@@ -1,0 +1,77 @@
+"""The vLLM server's extra routes that apps and gateways call: ``POST /tokenize``,
+``POST /detokenize`` and ``GET /version``.
+
+Source: vLLM's OpenAI-compatible server (``TokenizeRequest``: ``messages`` or ``prompt``,
+``add_special_tokens``, ``add_generation_prompt``; the answer's ``tokens``, ``count``,
+``max_model_len``). A chat body is rendered exactly as ``/v1/chat/completions`` renders it, so
+``count`` is that route's ``prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import Field, StrictBool, StrictInt
+from starlette.concurrency import run_in_threadpool
+
+from proxy.auth import get_tenant
+from proxy.errors import OpenAIError
+from proxy.protocol import ChatMessage, _Lenient
+from proxy.rendering import RenderError, render_chat
+from proxy.state import EngineDep
+from proxy.validation import check_model
+
+router = APIRouter()
+
+
+class TokenizeRequest(_Lenient):
+    model: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    prompt: str | None = None
+    add_special_tokens: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[StrictInt] = Field(min_length=0)
+
+
+@router.post("/tokenize", dependencies=[Depends(get_tenant)])
+async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
+    """Token ids of a chat (rendered with the chat template) or of a prompt string."""
+    if body.model is not None:
+        check_model(engine, body.model)
+    tokenizer = engine.loaded.tokenizer
+    if (body.messages is None) == (body.prompt is None):
+        raise OpenAIError(400, "send exactly one of `messages` and `prompt`", param="messages")
+    if body.messages is not None:
+        messages = [m.for_template() for m in body.messages]
+        try:
+            ids = await run_in_threadpool(
+                render_chat, tokenizer, messages, add_generation_prompt=body.add_generation_prompt
+            )
+        except RenderError as exc:
+            raise OpenAIError(400, exc.message, param=exc.param) from exc
+    else:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = (await run_in_threadpool(tokenizer, body.prompt, add_special_tokens=add_special))["input_ids"]
+    return {"tokens": ids, "count": len(ids), "max_model_len": engine.loaded.context_length}
+
+
+@router.post("/detokenize", dependencies=[Depends(get_tenant)])
+async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> dict[str, Any]:
+    """The text of token ids."""
+    if body.model is not None:
+        check_model(engine, body.model)
+    vocab = engine.loaded.model.config.vocab_size
+    if bad := [t for t in body.tokens if not 0 <= t < vocab]:
+        raise OpenAIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+    return {"prompt": engine.loaded.tokenizer.decode(body.tokens)}
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": metadata.version("kvproxy")}
