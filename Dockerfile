@@ -11,6 +11,7 @@ COPY hashing ./hashing
 COPY store ./store
 COPY engine ./engine
 COPY proxy ./proxy
+COPY bench ./bench
 RUN pip install --no-cache-dir .
 
 ENV KVPROXY_HOST=0.0.0.0 \
@@ -18,7 +19,7 @@ ENV KVPROXY_HOST=0.0.0.0 \
     KVPROXY_CACHE_DIR=/data/models \
     KVPROXY_BLOB_DIR=/data/blobs
 VOLUME ["/data/models", "/data/blobs"]
-EXPOSE 8000
+EXPOSE 8000 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=180s --retries=3 \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)"
 CMD ["kvproxy", "serve"]

@@ -1,5 +1,5 @@
 """Servers for side-by-side runs, started on local ports and awaited: ``kvproxy serve`` and its
-peer, llama-cpp-python's OpenAI-compatible server (in a virtualenv of its own)."""
+peer, llama-cpp-python's OpenAI-compatible server (in a virtualenv of its own); ``kvproxy route``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,22 @@ def serve(port: int, blob_dir: Path, prefix: str, *flags: str) -> subprocess.Pop
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    return _awaited(proc, f"http://127.0.0.1:{port}/health")
+
+
+def route(port: int, upstreams: list[str], *flags: str) -> subprocess.Popen[bytes]:
+    """``kvproxy route`` on ``port`` in front of ``upstreams`` (OpenAI base URLs), once it answers."""
+    command = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "route",
+        "--port",
+        str(port),
+        "--upstream",
+        ",".join(upstreams),
+    ]
+    proc = subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return _awaited(proc, f"http://127.0.0.1:{port}/health")
 
 

@@ -24,10 +24,13 @@ from hashing.blocks import (
     num_full_blocks,
     reusable_tokens,
 )
+from hashing.route import BYTES_PER_TOKEN, TEXT_BLOCK_BYTES, route_namespace
 
 __all__ = [
     "BLOCK_SIZE",
+    "BYTES_PER_TOKEN",
     "FORMAT_VERSION",
+    "TEXT_BLOCK_BYTES",
     "BlockHash",
     "Namespace",
     "block_hashes",
@@ -36,4 +39,5 @@ __all__ = [
     "namespace_digest",
     "num_full_blocks",
     "reusable_tokens",
+    "route_namespace",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.loading import LoadedModel, load_model_apart
 from engine.worker import Engine
 from proxy.auth import parse_api_keys
-from proxy.config import Settings
+from proxy.config import ServerSettings, Settings
 from proxy.errors import install_error_handlers
 from proxy.limits import BodySizeLimit, header_timeout_protocol
 from proxy.metrics import Metrics, RequestMetrics
@@ -25,7 +26,7 @@ from proxy.stores import open_cache
 log = logging.getLogger(__name__)
 
 
-def server_config(app: FastAPI, settings: Settings, **options: Any) -> uvicorn.Config:
+def server_config(app: FastAPI, settings: ServerSettings, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for ``app``: ``settings``' address, incomplete requests closed
     after ``--header-timeout``; ``options`` override."""
     return uvicorn.Config(
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)
         engine = Engine(model, block_cache, settings.max_queue, settings.max_batch)
         app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
+        app.state.started = time.time()
         app.state.metrics = Metrics(engine, block_cache)
         log.info("serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_root)
         yield

@@ -13,9 +13,8 @@ from typing import Annotated
 import xxhash
 from fastapi import Depends, Request
 
-from proxy.config import Settings
+from proxy.config import ServerSettings
 from proxy.errors import OpenAIError
-from proxy.state import get_settings
 
 DEFAULT_TENANT = "default"
 
@@ -71,10 +70,11 @@ def get_tenant(request: Request) -> str:
     return tenant
 
 
-def require_admin(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
+def require_admin(request: Request) -> None:
     """Pass only requests carrying the admin key: 403 for a valid API key (it names a tenant, not
     an operator), 401 otherwise. Without ``--admin-key`` the admin routes are open only while API
     keys are off (a single-user server)."""
+    settings: ServerSettings = request.app.state.settings
     token = bearer(request)
     if settings.admin_key is None and request.app.state.api_keys is None:
         return

@@ -12,22 +12,26 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from pydantic import BeforeValidator, ValidationError
 
 from bench.cli import bench
 from engine.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
-from proxy.config import Settings
+from proxy.config import RouteSettings, ServerSettings, Settings
+
+S = TypeVar("S", bound=ServerSettings)
 
 
-def settings_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add one ``--flag`` per ``Settings`` field; absent flags arrive as None."""
-    for name, field in reversed(Settings.model_fields.items()):
+def settings_options(func: Callable[..., Any], fields: type[ServerSettings] = Settings) -> Callable[..., Any]:
+    """Add one ``--flag`` per field of ``fields``; absent flags arrive as None."""
+    for name, field in reversed(fields.model_fields.items()):
         flag = "--" + name.replace("_", "-")
         default = (
-            "" if field.default in (None, False) or field.default_factory else f"; default {field.default}"
+            ""
+            if field.default in (None, False, ...) or field.default_factory
+            else f"; default {field.default}"
         )
         help_text = f"{field.description} [env KVPROXY_{name.upper()}{default}]"
         if field.annotation is bool:
@@ -41,10 +45,20 @@ def settings_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def route_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One ``--flag`` per ``RouteSettings`` field."""
+    return settings_options(func, RouteSettings)
+
+
 def load_settings(**flags: Any) -> Settings:
-    """Settings from the environment, overridden by the flags that were given."""
+    """``kvproxy serve``'s settings from the environment, overridden by the flags given."""
+    return parse_settings(Settings, flags)
+
+
+def parse_settings(kind: type[S], flags: dict[str, Any]) -> S:
+    """``kind`` from the environment, overridden by the flags that were given."""
     try:
-        return Settings(**{k: v for k, v in flags.items() if v is not None})
+        return kind(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -85,6 +99,29 @@ def serve(**flags: Any) -> None:
     # NOTE: on SIGTERM, requests in flight get a bounded time to finish; pending cache saves are
     # then flushed by the app's shutdown.
     app = create_app(settings, loaded)
+    uvicorn.Server(server_config(app, settings, timeout_graceful_shutdown=15)).run()
+
+
+@main.command()
+@route_options
+def route(**flags: Any) -> None:
+    """Route requests to several OpenAI-compatible servers, each to the replica most likely to
+    hold its prefix (docs/router.md)."""
+    import uvicorn
+
+    from proxy.app import server_config
+    from proxy.auth import parse_api_keys
+    from proxy.route.app import create_route_app, load_identity
+
+    settings = parse_settings(RouteSettings, flags)
+    try:
+        parse_api_keys(settings.api_keys)
+        identity = load_identity(settings)
+    except (ValueError, OSError, ModelError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    click.echo(f"kvproxy: routing on http://{settings.host}:{settings.port}/v1", err=True)
+    app = create_route_app(settings, identity)
     uvicorn.Server(server_config(app, settings, timeout_graceful_shutdown=15)).run()
 
 

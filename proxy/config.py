@@ -1,4 +1,5 @@
-"""The one settings class. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<field>``."""
+"""Settings of ``kvproxy serve`` (``Settings``) and ``kvproxy route`` (``RouteSettings``), sharing
+``ServerSettings``. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<field>``."""
 
 from __future__ import annotations
 
@@ -39,22 +40,13 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "kvproxy"
 
 
-class Settings(BaseSettings):
-    """Everything kvproxy can be told; read once at start-up by the CLI or the app factory."""
+class ServerSettings(BaseSettings):
+    """What both commands are told: where to listen, the Redis, keys and request bounds."""
 
     model_config = SettingsConfigDict(env_prefix="KVPROXY_", extra="ignore")
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
-    model: str = Field(
-        "smollm2-135m-instruct",
-        description="Known model name, Hugging Face checkpoint directory, .gguf file or hub id.",
-    )
-    served_model_name: str | None = Field(
-        None,
-        description="Names requests may use for the model, comma-separated; the first is the one "
-        "listed first (default: the model's own name).",
-    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Where converted models (and, by default, blobs) live.",
@@ -65,16 +57,6 @@ class Settings(BaseSettings):
         "alone, forgotten at restart).",
     )
     key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
-    blob_dir: Path | None = Field(None, description="Block blob directory (default: CACHE_DIR/blobs).")
-    ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
-    max_ttl: int = Field(
-        86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
-    )
-    max_cache_bytes: Bytes | None = Field(
-        None, gt=0, description="Byte budget of the blob store (default: half the free disk at start)."
-    )
-    gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
-    gc_grace: float = Field(60.0, ge=0, description="Seconds an unindexed blob is kept before collection.")
     admin_key: str | None = Field(None, description="Bearer key required by the cache admin routes.")
     api_keys: str | None = Field(
         None,
@@ -90,6 +72,34 @@ class Settings(BaseSettings):
         description="Seconds a client has to send its request line and headers, and at most between "
         "two chunks of its body; then the connection is closed.",
     )
+    redis_timeout: float = Field(0.25, gt=0, description="Seconds before a Redis operation fails.")
+    redis_retry: float = Field(
+        5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
+    )
+
+
+class Settings(ServerSettings):
+    """Everything ``kvproxy serve`` can be told; read once at start-up by the CLI or the app factory."""
+
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="Known model name, Hugging Face checkpoint directory, .gguf file or hub id.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Names requests may use for the model, comma-separated; the first is the one "
+        "listed first (default: the model's own name).",
+    )
+    blob_dir: Path | None = Field(None, description="Block blob directory (default: CACHE_DIR/blobs).")
+    ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
+    max_ttl: int = Field(
+        86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
+    )
+    max_cache_bytes: Bytes | None = Field(
+        None, gt=0, description="Byte budget of the blob store (default: half the free disk at start)."
+    )
+    gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
+    gc_grace: float = Field(60.0, ge=0, description="Seconds an unindexed blob is kept before collection.")
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -101,10 +111,6 @@ class Settings(BaseSettings):
         description="Weight format of the linear layers; auto: int8 for bfloat16 on a CPU, else full.",
     )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
-    redis_timeout: float = Field(0.25, gt=0, description="Seconds before a Redis operation fails.")
-    redis_retry: float = Field(
-        5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
-    )
     default_max_tokens: int = Field(
         2048, ge=1, description="Completion length when a request sets no max_tokens (tokens)."
     )
@@ -125,3 +131,50 @@ class Settings(BaseSettings):
     @property
     def blob_root(self) -> Path:
         return self.blob_dir if self.blob_dir is not None else self.cache_dir / "blobs"
+
+
+class RouteSettings(ServerSettings):
+    """Everything ``kvproxy route`` can be told (``docs/router.md`` explains each)."""
+
+    port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    upstream: str = Field(
+        ...,
+        min_length=1,
+        description="OpenAI base URLs of the replicas, comma-separated (http://host:port/v1).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Known model name or checkpoint directory whose tokenizer and chat template render "
+        "prompts to token ids as the replicas do (default: hash the prompt's text).",
+    )
+    policy: Literal["cache-aware", "least-loaded", "round-robin"] = Field(
+        "cache-aware", description="How a replica is chosen."
+    )
+    route_ttl: int = Field(
+        600, gt=0, description="Seconds a replica is assumed to keep a prompt's blocks after its last use."
+    )
+    route_min_match_tokens: int = Field(
+        128, ge=0, description="Shortest cached prefix (tokens) worth routing for."
+    )
+    route_min_match_fraction: float = Field(
+        0.5, ge=0, le=1, description="Share of the prompt a cached prefix must cover to be routed for."
+    )
+    balance_abs_threshold: int = Field(
+        2, ge=0, description="In-flight difference between replicas beyond which load wins over prefix."
+    )
+    balance_rel_threshold: float = Field(
+        1.5, ge=1, description="...and the ratio of most to least loaded beyond which load wins."
+    )
+    health_interval: float = Field(2.0, gt=0, description="Seconds between health probes of each replica.")
+    connect_timeout: float = Field(2.0, gt=0, description="Seconds to connect to a replica.")
+    first_byte_timeout: float = Field(
+        300.0, gt=0, description="Seconds a replica may take to start answering; then retried elsewhere."
+    )
+    replica_cooldown: float = Field(
+        5.0, gt=0, description="Seconds a failed replica is skipped unless its health probe answers."
+    )
+
+    @property
+    def upstreams(self) -> list[str]:
+        """The replicas' base URLs, without a trailing slash, in the order given."""
+        return [u.strip().rstrip("/") for u in self.upstream.split(",") if u.strip()]

@@ -14,7 +14,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from proxy.config import Settings
+from proxy.config import ServerSettings, Settings
 from store.admin import StoreAdmin
 from store.blobs import BlobStore
 from store.cache import BlockCache
@@ -29,7 +29,7 @@ RAM_BLOCKS_WARNING = 16
 """A RAM tier holding fewer blocks than this (2,048 tokens) is worth a warning at start."""
 
 
-def redis_client(settings: Settings) -> redis.Redis:
+def redis_client(settings: ServerSettings) -> redis.Redis:
     """A client whose every operation fails within ``settings.redis_timeout`` seconds.
 
     NOTE: redis-py retries failed commands by default (with backoff); a cache must not: a slow

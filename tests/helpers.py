@@ -165,9 +165,9 @@ def free_port() -> int:
 class ServerThread:
     """A real uvicorn server on a free port, in a thread of the test process."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, port: int | None = None) -> None:
         self.app = app
-        self.port = free_port()
+        self.port = port or free_port()
         settings = app.state.settings.model_copy(update={"host": "127.0.0.1", "port": self.port})
         self.server = uvicorn.Server(server_config(app, settings, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from proxy.state import CacheDep, EngineDep
@@ -13,7 +13,9 @@ router = APIRouter()
 
 
 @router.get("/health")
-async def health(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
+async def health(request: Request, engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
+    """Liveness; ``started`` (Unix seconds) changes when the server restarts, which tells a router
+    that the prefixes it remembered there are gone."""
     state = "disabled" if cache is None else await run_in_threadpool(cache.health)
     return {
         "status": "ok",
@@ -22,4 +24,5 @@ async def health(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
         "format": f"{engine.loaded.format}, {engine.decoder.name} decode step",
         "busy": not engine.idle,
         "queue_depth": engine.queue_depth,
+        "started": request.app.state.started,
     }

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from proxy.config import Settings
+from proxy.config import RouteSettings, Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 FIELDS = {f"KVPROXY_{name.upper()}" for name in Settings.model_fields}
@@ -23,7 +23,7 @@ def proxies() -> dict:
 def test_services_and_dependencies() -> None:
     """redis with a healthcheck; two proxy replicas built here, waiting for a healthy redis."""
     services = compose()["services"]
-    assert set(services) == {"redis", "proxy", "proxy-2"}
+    assert set(services) == {"redis", "proxy", "proxy-2", "router"}
     assert "healthcheck" in services["redis"]
     for proxy in proxies().values():
         assert proxy["build"] == "." and "healthcheck" in proxy
@@ -68,3 +68,19 @@ def test_dockerfile_env_names_are_settings_fields() -> None:
     text = (ROOT / "Dockerfile").read_text()
     names = {word.split("=")[0] for word in text.split() if word.startswith("KVPROXY_")}
     assert names and names <= FIELDS, names - FIELDS
+
+
+def test_the_router_fronts_both_replicas() -> None:
+    """The router's settings parse, name both replicas by service name and wait for them."""
+    router = compose()["services"]["router"]
+    env = router["environment"]
+    settings = RouteSettings(**{k.removeprefix("KVPROXY_").lower(): v for k, v in env.items()})
+    ports = {name: s["environment"]["KVPROXY_PORT"] for name, s in proxies().items()}
+    assert settings.upstreams == [f"http://{name}:{port}/v1" for name, port in ports.items()]
+    assert router["command"] == ["kvproxy", "route"] and router["ports"] == [
+        f"{settings.port}:{settings.port}"
+    ]
+    assert {name for name, d in router["depends_on"].items() if d["condition"] == "service_healthy"} >= set(
+        ports
+    )
+    assert f"{settings.port}/health" in router["healthcheck"]["test"][-1]

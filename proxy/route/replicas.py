@@ -1,0 +1,111 @@
+"""The replicas behind the router: one keep-alive ``httpx.AsyncClient`` each, their health, epoch,
+models, and the requests in flight to each.
+
+A replica is *up* while its ``/health`` answers 200 and its breaker is closed. A connection
+error, a timeout or a 429/502/503 before the first byte opens the breaker for
+``--replica-cooldown`` seconds; a health probe that answers closes it. A replica that comes back
+after being down, or whose ``/health`` reports another start time (it restarted), gets a new
+epoch in the route index, so the prefixes it held before stop counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+
+from store.breaker import CircuitBreaker
+
+log = logging.getLogger("route")
+
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Replica:
+    """One upstream: ``url`` is its OpenAI base URL (``http://host:port/v1``), also its name in
+    metrics and in the route index."""
+
+    url: str
+    client: httpx.AsyncClient
+    breaker: CircuitBreaker
+    up: bool = True
+    probed: bool = False
+    epoch: int = 0
+    started: object = None  # what its /health last said about its start, when it says
+    models: set[str] = field(default_factory=set)
+
+    @property
+    def root(self) -> str:
+        """The server's root URL (``/health`` lives there, not under ``/v1``)."""
+        return self.url.removesuffix("/v1")
+
+    @property
+    def available(self) -> bool:
+        return self.up and self.breaker.allow()
+
+
+class Replicas:
+    """Every replica, in the order given, plus this router's own in-flight counts."""
+
+    def __init__(self, urls: list[str], connect_timeout_s: float, cooldown_s: float) -> None:
+        timeout = httpx.Timeout(None, connect=connect_timeout_s)
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        self.all = [
+            Replica(url, httpx.AsyncClient(timeout=timeout, limits=limits), CircuitBreaker(cooldown_s))
+            for url in urls
+        ]
+        self.inflight: Counter[str] = Counter()
+
+    def candidates(
+        self, model: str | None, exclude: set[str] | frozenset[str] = frozenset()
+    ) -> list[Replica]:
+        """Replicas up and not excluded; of those, the ones listing ``model`` when any does (else
+        all of them: the upstream answers for a model nobody lists)."""
+        up = [r for r in self.all if r.available and r.url not in exclude]
+        serving = [r for r in up if model in r.models]
+        return serving or up
+
+    def get(self, url: str) -> Replica:
+        return next(r for r in self.all if r.url == url)
+
+    def failed(self, replica: Replica, why: str) -> None:
+        """A request to ``replica`` failed before its first byte: skip it for the cooldown."""
+        if replica.breaker.failure():
+            log.warning("replica %s failed (%s): skipped until it answers again", replica.url, why)
+
+    async def probe(self, replica: Replica) -> tuple[bool, bool]:
+        """Ask ``/health`` and ``/v1/models``; returns (up now, needs a new epoch)."""
+        try:
+            health = await replica.client.get(f"{replica.root}/health", timeout=PROBE_TIMEOUT_S)
+            up = health.status_code == 200
+        except httpx.HTTPError:
+            up = False
+        if not up:
+            return False, False
+        started = _started(health)
+        restarted = replica.probed and (
+            not replica.up or (started is not None and started != replica.started)
+        )
+        replica.started = started
+        try:
+            listed = await replica.client.get(f"{replica.url}/models", timeout=PROBE_TIMEOUT_S)
+            replica.models = {m["id"] for m in listed.json().get("data", [])}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return True, restarted
+
+    async def close(self) -> None:
+        await asyncio.gather(*(r.client.aclose() for r in self.all))
+
+
+def _started(response: httpx.Response) -> object:
+    """The replica's start marker from its ``/health`` JSON (kvproxy: ``started``), if any."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return None
+    return doc.get("started") if isinstance(doc, dict) else None

@@ -1,0 +1,196 @@
+"""``kvproxy route`` in front of three real ``kvproxy serve`` replicas on the tiny model, each with
+its own cache (key prefix, blob directory, RAM tier): the hit rate routing buys, no hot spot, a
+replica that stops and comes back, and two routers that agree."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+
+import httpx
+
+from proxy.app import create_app
+from proxy.config import RouteSettings
+from proxy.route.app import create_route_app
+from proxy.route.identity import Identity
+from tests.helpers import TRAINING_TEXT, ServerThread
+
+WORDS = " ".join(TRAINING_TEXT).split()
+
+
+def text(seed: int, words: int) -> str:
+    """Seeded prose of the tiny tokenizer's words (about 1.6 tokens a word)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def replica_app(settings, tiny_model, i: int, tmp_path):
+    own = {"key_prefix": f"{settings.key_prefix}r{i}:", "blob_dir": tmp_path / f"blobs-{i}"}
+    return create_app(settings.model_copy(update=own), tiny_model)
+
+
+@contextmanager
+def cluster(settings, tiny_model, tmp_path, routers=1, hashing="tokens", **options):
+    """Three fresh replicas behind ``routers`` routers on one Redis, hashing prompts as token ids
+    (the tiny model's tokenizer) or as text; yields (routers, replicas)."""
+    with ExitStack() as stack:
+        replicas = [
+            stack.enter_context(ServerThread(replica_app(settings, tiny_model, i, tmp_path)))
+            for i in range(3)
+        ]
+        route = RouteSettings(
+            upstream=",".join(f"{r.base_url}/v1" for r in replicas),
+            redis_url=settings.redis_url,
+            key_prefix=f"{settings.key_prefix}route:",
+            health_interval=0.5,
+            **options,
+        )
+        identity = Identity(tiny_model.tokenizer, "tiny") if hashing == "tokens" else Identity(None)
+        fronts = [
+            stack.enter_context(ServerThread(create_route_app(route, identity))) for _ in range(routers)
+        ]
+        yield fronts, replicas
+
+
+def ask(router, messages, max_tokens=8) -> httpx.Response:
+    body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    r = httpx.post(f"{router.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def converse(router, conversations: list[list[dict]], turns: int) -> tuple[int, int]:
+    """Each conversation's turns, the conversations asked round-robin; (cached, prompt) tokens."""
+    cached = prompt = 0
+    for turn in range(turns):
+        for n, messages in enumerate(conversations):
+            messages.append(
+                {"role": "user", "content": f"question {turn} of {n}: {text(1000 * n + turn, 12)}"}
+            )
+            usage = (r := ask(router, messages)).json()["usage"]
+            messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            prompt += usage["prompt_tokens"]
+    return cached, prompt
+
+
+def hit_rate(settings, tiny_model, tmp_path, policy: str, workload) -> float:
+    with cluster(settings, tiny_model, tmp_path / policy, policy=policy) as ([router], _):
+        cached, prompt = workload(router)
+    return cached / prompt
+
+
+def conversations(router) -> tuple[int, int]:
+    """8 conversations x 3 turns, each under its own ~1,000-token system prompt."""
+    convs = [[{"role": "system", "content": text(seed, 620)}] for seed in range(8)]
+    return converse(router, convs, 3)
+
+
+def documents(router) -> tuple[int, int]:
+    """10 documents x 2 questions, in a seeded random order."""
+    asks = [(doc, q) for doc in range(10) for q in range(2)]
+    random.Random(7).shuffle(asks)
+    cached = prompt = 0
+    for doc, q in asks:
+        messages = [{"role": "user", "content": f"{text(50 + doc, 620)}\n\nQuestion {q}: {text(q, 10)}"}]
+        usage = ask(router, messages).json()["usage"]
+        cached, prompt = (
+            cached + usage["prompt_tokens_details"]["cached_tokens"],
+            prompt + usage["prompt_tokens"],
+        )
+    return cached, prompt
+
+
+def test_cache_aware_routing_keeps_conversations_on_their_replica(settings, tiny_model, tmp_path) -> None:
+    """8 conversations x 3 turns: cache-aware reaches >= 1.8x round-robin's token hit rate and
+    >= 90 % of one replica's; 10 documents x 2 questions: >= 1.5x round-robin's."""
+    aware = hit_rate(settings, tiny_model, tmp_path, "cache-aware", conversations)
+    robin = hit_rate(settings, tiny_model, tmp_path, "round-robin", conversations)
+    with ExitStack() as stack:
+        single = stack.enter_context(ServerThread(replica_app(settings, tiny_model, 9, tmp_path)))
+        cached, prompt = conversations(single)
+    print(
+        f"conversations: cache-aware {aware:.3f}, round-robin {robin:.3f}, one replica {cached / prompt:.3f}"
+    )
+    assert aware >= 1.8 * robin and aware >= 0.9 * cached / prompt
+    docs_aware = hit_rate(settings, tiny_model, tmp_path / "docs", "cache-aware", documents)
+    docs_robin = hit_rate(settings, tiny_model, tmp_path / "docs", "round-robin", documents)
+    print(f"documents: cache-aware {docs_aware:.3f}, round-robin {docs_robin:.3f}")
+    assert docs_aware >= 1.5 * docs_robin
+
+
+def test_a_shared_system_prompt_makes_no_hot_spot(settings, tiny_model, tmp_path) -> None:
+    """8 concurrent clients, one shared system prompt: no replica gets over 75 % of requests."""
+    system = {"role": "system", "content": text(3, 620)}
+    sent: Counter[str] = Counter()
+    lock = threading.Lock()
+    with cluster(settings, tiny_model, tmp_path) as ([router], _):
+
+        def client(n: int) -> None:
+            messages = [system]
+            for turn in range(3):
+                messages.append(
+                    {"role": "user", "content": f"client {n} turn {turn}: {text(n * 10 + turn, 15)}"}
+                )
+                r = ask(router, messages, max_tokens=16)
+                messages.append(
+                    {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
+                )
+                with lock:
+                    sent[r.headers["x-kvproxy-replica"]] += 1
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    print(f"requests per replica: {dict(sent)}")
+    assert sum(sent.values()) == 24 and max(sent.values()) <= 0.75 * 24
+
+
+def test_a_replica_stopped_mid_run_is_routed_around_and_back(settings, tiny_model, tmp_path) -> None:
+    """Every request is answered 200 while a replica stops; it is marked down, and receives
+    traffic again within 15 s of its restart."""
+    with cluster(settings, tiny_model, tmp_path, policy="least-loaded") as ([router], replicas):
+        victim = replicas[1]
+        url = f"{victim.base_url}/v1"
+        statuses, served_by = [], Counter()
+        for i in range(12):
+            if i == 4:
+                victim.__exit__(None, None, None)
+            r = ask(router, [{"role": "user", "content": text(i, 20)}])
+            statuses.append(r.status_code)
+            served_by[r.headers["x-kvproxy-replica"]] += i >= 4
+        time.sleep(1.5)
+        assert httpx.get(f"{router.base_url}/health").json()["replicas"][url] is False
+        assert served_by[url] == 0
+        restarted = ServerThread(replica_app(settings, tiny_model, 1, tmp_path), port=victim.port).__enter__()
+        try:
+            back_at, deadline = None, time.monotonic() + 15
+            while back_at is None and time.monotonic() < deadline:
+                r = ask(router, [{"role": "user", "content": text(99, 20)}])
+                if r.headers["x-kvproxy-replica"] == url:
+                    back_at = time.monotonic()
+        finally:
+            restarted.__exit__(None, None, None)
+    assert statuses == [200] * 12
+    assert back_at is not None
+
+
+def test_two_routers_send_a_conversation_to_the_same_replica(settings, tiny_model, tmp_path) -> None:
+    """Turn 1 through one router, turns 2 and 3 through another (both hashing text, no
+    tokenizer): the same replica, each a hit."""
+    with cluster(settings, tiny_model, tmp_path, routers=2, hashing="text") as (routers, _):
+        messages = [{"role": "system", "content": text(11, 620)}]
+        seen = []
+        for turn, router in enumerate([routers[0], routers[1], routers[1]]):
+            messages.append({"role": "user", "content": f"turn {turn}"})
+            r = ask(router, messages)
+            messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+            seen.append((r.headers["x-kvproxy-replica"], r.headers["x-kvproxy-route"]))
+            cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert len({replica for replica, _ in seen}) == 1
+    assert [decision for _, decision in seen[1:]] == ["affinity", "affinity"] and cached > 0
