@@ -52,7 +52,7 @@ class Message(_Lenient):
 
 class MessagesRequest(_Lenient):
     model: str
-    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1)]  # NOTE: required, as Anthropic requires it
     messages: list[Message] = Field(min_length=1)
     system: str | list[ContentBlock] | None = None
     temperature: Real | None = Field(None, ge=0, le=1)
@@ -62,8 +62,11 @@ class MessagesRequest(_Lenient):
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""
+        extra = self.model_extra or {}
         for name in ("tools", "tool_choice", "thinking", "top_k"):
-            if (self.model_extra or {}).get(name) is not None:
+            if extra.get(name) is not None and not (
+                name == "thinking" and extra[name] == {"type": "disabled"}
+            ):
                 return name, f"`{name}` is not supported by this server"
         system = self.system if isinstance(self.system, list) else []
         for i, block in enumerate(system):
@@ -97,6 +100,12 @@ class MessagesRequest(_Lenient):
             breakpoints += [(len(messages), TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control]
             messages.append({"role": message.role, "content": "".join(b.text or "" for b in blocks)})
         return messages, breakpoints
+
+
+class CountTokensRequest(MessagesRequest):
+    """``POST /v1/messages/count_tokens``: a Messages body without ``max_tokens``."""
+
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # type: ignore[assignment]
 
 
 def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> tuple[int | None, ...]:

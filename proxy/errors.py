@@ -80,9 +80,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
+        # NOTE: a union field fails once per member; the deepest failure is the one that names
+        # what is wrong (``messages[0].content[0].cache_control.ttl``, not ``...content: not a str``).
+        first: dict[str, Any] = max(exc.errors(), key=lambda e: len(e.get("loc", ())), default={})
         # NOTE: pydantic names the member of a union it tried (``prompt.str``); clients want the field.
-        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
+        loc = [p for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             message, loc = (
@@ -91,7 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         elif first.get("type") == "missing" and not loc:
             message = "the request needs a JSON body"
-        param = ".".join(loc) or None
+        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
         error = OpenAIError(400, f"{param}: {message}" if param else message, param=param)
         return error.response(dialect(request.url.path))
 

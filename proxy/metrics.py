@@ -177,12 +177,23 @@ class RequestMetrics:
             return
         scope.setdefault("state", {})["started"] = time.monotonic()
 
+        started = False
+
+        def count(status: int) -> None:
+            metrics: Metrics | None = getattr(scope["app"].state, "metrics", None)
+            if metrics is not None:
+                metrics.requests.labels(getattr(scope.get("route"), "path", "unmatched"), str(status)).inc()
+
         async def counting_send(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
-                metrics: Metrics | None = getattr(scope["app"].state, "metrics", None)
-                route = getattr(scope.get("route"), "path", "unmatched")
-                if metrics is not None:
-                    metrics.requests.labels(route, str(message["status"])).inc()
+                started = True
+                count(message["status"])
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:  # NOTE: the outermost handler answers 500 after this middleware
+                count(500)
+            raise

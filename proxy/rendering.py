@@ -9,16 +9,17 @@ close its own turn and forge another. This holds for every special token the tok
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 from jinja2 import TemplateError
 
-# NOTE: Unicode private-use characters: no tokenizer gives them a meaning, no template filter
-# (trim, upper, ...) changes them, and no special token contains them.
-_MARK = "\ue000{}\ue001"
-_MARKS = re.compile("\ue000(\\d+)\ue001")
+# NOTE: a mark is Unicode private-use characters around a random nonce and a number: no template
+# filter (trim, upper, ...) changes it, no special token contains it, and no message can forge one
+# (the nonce is new for every rendering).
+_OPEN, _CLOSE = "\ue000", "\ue001"
 
 
 class RenderError(Exception):
@@ -50,7 +51,10 @@ def render_chat(
     if not tokenizer.chat_template:
         raise RenderError("messages", "this model has no chat template; use /v1/completions")
     hidden: list[str] = []
-    protected = [dict(m) | {"content": _protect(tokenizer, m.get("content"), hidden)} for m in messages]
+    nonce = secrets.token_hex(8)
+    protected = [
+        dict(m) | {"content": _protect(tokenizer, m.get("content"), hidden, nonce)} for m in messages
+    ]
     for i, message in enumerate(protected):
         for field in ("tool_calls", "function_call"):
             if message.get(field) and not supports_tools(tokenizer):
@@ -69,7 +73,7 @@ def render_chat(
     except (TemplateError, LookupError, TypeError, ValueError) as exc:  # templates index and raise
         raise RenderError("messages", f"the chat template rejected the messages: {exc}") from exc
     ids: list[int] = []
-    for i, piece in enumerate(_MARKS.split(text)):
+    for i, piece in enumerate(re.split(f"{_OPEN}{nonce}(\\d+){_CLOSE}", text)):
         if i % 2 == 0:
             ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
         else:
@@ -84,17 +88,23 @@ def supports_tools(tokenizer: Any) -> bool:
     return isinstance(template, str) and "tool_calls" in template
 
 
-def _protect(tokenizer: Any, content: Any, hidden: list[str]) -> Any:
-    """``content`` with every special-token string replaced by a mark (recorded in ``hidden``)."""
-    if not isinstance(content, str):
-        return content
+def _protect(tokenizer: Any, content: Any, hidden: list[str], nonce: str) -> Any:
+    """``content`` (a string or a list of text parts) with every special-token string replaced by
+    a mark (recorded in ``hidden``)."""
+    if isinstance(content, list):
+        return [
+            part | {"text": _protect(tokenizer, part["text"], hidden, nonce)}
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            else part
+            for part in content
+        ]
     pattern = _specials(tokenizer)
-    if pattern is None:
+    if not isinstance(content, str) or pattern is None:
         return content
 
     def mark(match: re.Match[str]) -> str:
         hidden.append(match.group(0))
-        return _MARK.format(len(hidden) - 1)
+        return f"{_OPEN}{nonce}{len(hidden) - 1}{_CLOSE}"
 
     return pattern.sub(mark, content)
 

@@ -86,8 +86,9 @@ def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A response id: ``chatcmpl-...`` (OpenAI's style) or, with ``sep="_"``, ``msg_...``."""
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
 
 
 def now() -> int:

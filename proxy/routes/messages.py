@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -12,7 +12,7 @@ from engine.requests import GenerationRequest
 from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy import anthropic
-from proxy.auth import Tenant
+from proxy.auth import Tenant, get_tenant
 from proxy.errors import OpenAIError
 from proxy.rendering import RenderError, render_chat
 from proxy.running import complete, start
@@ -48,6 +48,24 @@ def prompt_and_ttls(
     return ids, anthropic.breakpoint_ttls(len(ids), positions)
 
 
+def accept(engine: Engine, body: anthropic.MessagesRequest) -> None:
+    """Raises OpenAIError: 404 for a model not served, 400 naming a field that cannot be honoured."""
+    check_model(engine, body.model)
+    if (unsupported := body.unsupported_field()) is not None:
+        param, reason = unsupported
+        raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
+
+
+@router.post("/v1/messages/count_tokens", dependencies=[Depends(get_tenant)])
+async def count_tokens(
+    body: anthropic.CountTokensRequest, engine: EngineDep, settings: SettingsDep
+) -> dict[str, int]:
+    """The prompt length of a Messages body, in tokens, as ``/v1/messages`` would render it."""
+    accept(engine, body)
+    ids, _ = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
+    return {"input_tokens": len(ids)}
+
+
 @router.post("/v1/messages")
 async def messages(
     body: anthropic.MessagesRequest,
@@ -57,10 +75,7 @@ async def messages(
     cache: CacheDep,
     tenant: Tenant,
 ) -> Any:
-    check_model(engine, body.model)
-    if (unsupported := body.unsupported_field()) is not None:
-        param, reason = unsupported
-        raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
+    accept(engine, body)
     ids, ttls = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
     generation = GenerationRequest(
         prompt_ids=tuple(ids),
@@ -74,7 +89,7 @@ async def messages(
         cache_ttl_s=ttls or None,
     )
     started = await start(request, engine, generation)
-    message_id, caching = new_id("msg"), cache is not None
+    message_id, caching = new_id("msg", "_"), cache is not None
     if body.stream:
         stream = anthropic.events(started, message_id, body.model, caching)
         return StreamingResponse(stream, media_type="text/event-stream", headers=started.headers)

@@ -26,7 +26,7 @@ CASES = [
         CHAT,
         {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]},
         400,
-        "messages.0.role",
+        "messages[0].role",
         None,
     ),
     (

@@ -123,12 +123,28 @@ def test_anthropic_errors_name_the_field(cached) -> None:
     model is a 404; bodies are validated as the Messages API does."""
     base = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    bad_ttl = {"type": "ephemeral", "ttl": "2h"}
     cases = [
         (base | {"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400, "tools"),
         (base | {"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
         (base | {"messages": [{"role": "user", "content": [image]}]}, 400, "messages[0].content[0].type"),
         (base | {"model": "nope"}, 404, "nope"),
         ({k: v for k, v in base.items() if k != "max_tokens"}, 400, "max_tokens"),
+        (
+            base | {"system": [{"type": "text", "text": "x", "cache_control": bad_ttl}]},
+            400,
+            "system[0].cache_control.ttl",
+        ),
+        (
+            base
+            | {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": bad_ttl}]}
+                ]
+            },
+            400,
+            "messages[0].content[0].cache_control.ttl",
+        ),
     ]
     for body, status, named in cases:
         r = httpx.post(f"{cached.server.base_url}/v1/messages", json=body)
@@ -138,6 +154,17 @@ def test_anthropic_errors_name_the_field(cached) -> None:
         assert named in doc["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         client(cached.server).messages.create(**base | {"temperature": 3})
+    answer = client(cached.server).messages.create(**base, thinking={"type": "disabled"})
+    assert answer.id.startswith("msg_") and answer.usage.output_tokens > 0
+
+
+def test_count_tokens_is_the_prompt_length(cached) -> None:
+    """``/v1/messages/count_tokens`` (the anthropic client's ``count_tokens``) gives the prompt
+    length the Messages route computes."""
+    body = {"model": "tiny", "system": "be brief", "messages": [{"role": "user", "content": "hi there"}]}
+    counted = client(cached.server).messages.count_tokens(**body)
+    answer = client(cached.server).messages.create(**body, max_tokens=2)
+    assert counted.input_tokens == total(answer.usage) > 0
 
 
 def test_x_api_key_maps_to_the_same_tenant(settings, tiny_model, serve) -> None:

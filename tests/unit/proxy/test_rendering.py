@@ -30,6 +30,18 @@ def test_no_message_can_write_a_control_token(tiny_model) -> None:
             assert forged in tokenizer.decode(ids)
 
 
+def test_text_that_looks_like_a_mark_is_text(tiny_model) -> None:
+    """Private-use characters around a number (what the renderer marks hidden specials with) are
+    the user's text, beside a real special-token string or not."""
+    tokenizer = tiny_model.tokenizer
+    for text in ("\ue0000\ue001", "\ue0000\ue001<|im_end|>\ue0007\ue001", "\ue000\ue001\ue00099\ue001"):
+        ids = render_chat(tokenizer, [{"role": "user", "content": text}])
+        assert text in tokenizer.decode(ids)
+        assert special_ids(tokenizer, ids) == special_ids(
+            tokenizer, render_chat(tokenizer, [{"role": "user", "content": "y"}])
+        )
+
+
 def test_tool_calls_are_rendered_or_refused(tiny_model) -> None:
     """A template without tool support refuses an assistant's tool_calls naming the field; one
     with it renders the call into the prompt."""
