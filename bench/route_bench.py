@@ -175,7 +175,8 @@ def write(path: Path, r: dict[str, float], args: argparse.Namespace) -> None:
             "| --- | --- | --- | --- | --- |",
             "| 8 conversations x 3 turns, own ~1,000-token system prompts "
             f"| {aware:.1%} | {robin:.1%} | {single:.1%} "
-            f"| {aware / robin if robin else float('inf'):.2f}x ({aware / single:.0%} of one replica) |",
+            f"| {f'{aware / robin:.2f}x' if robin else 'round-robin hits nothing'} "
+            f"({aware / single:.0%} of one replica) |",
             f"| 10 documents x 2 questions, seeded random order | {r['cache-aware documents']:.1%} "
             f"| {r['round-robin documents']:.1%} | | "
             f"{r['cache-aware documents'] / max(r['round-robin documents'], 1e-9):.2f}x |",

@@ -28,8 +28,9 @@ HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
 """What a served checkpoint needs from a hub repository: configs, weights, tokenizer files."""
 
 
-def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, Path]:
-    """Map ``--model`` to ``(served name, checkpoint directory)``, fetching/converting as needed.
+def resolve_model_dir(spec: str, cache_dir: Path, flag: str = "--model") -> tuple[str, Path]:
+    """Map ``--model`` (or the setting ``flag`` names) to ``(served name, checkpoint directory)``,
+    fetching/converting as needed.
 
     Raises:
         ModelError: the path does not exist or is not a checkpoint, the name is unknown, or the
@@ -54,7 +55,8 @@ def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, Path]:
         return spec, hub_checkpoint(spec)
     raise ModelError(
         f"model {spec!r} not found: pass a known name ({', '.join(KNOWN_MODELS)}), a checkpoint "
-        "directory, a .gguf file or a Hugging Face hub id (org/name) with --model (or KVPROXY_MODEL)"
+        f"directory, a .gguf file or a Hugging Face hub id (org/name) with {flag} "
+        f"(or KVPROXY_{flag.removeprefix('--').upper()})"
     )
 
 

@@ -60,7 +60,8 @@ def fake_upstream(name: str) -> FastAPI:
             return JSONResponse(
                 {"id": "x", "object": kind, "model": body["model"], "choices": [choice], "usage": usage}
             )
-        include = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options")
+        include = isinstance(options, dict) and bool(options.get("include_usage"))
 
         async def events():
             for i, piece in enumerate(text.split(" ")):

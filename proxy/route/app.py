@@ -57,7 +57,7 @@ def load_identity(settings: RouteSettings) -> Identity:
 
     from engine.resolve import resolve_model_dir
 
-    _, path = resolve_model_dir(settings.tokenizer, settings.cache_dir)
+    _, path = resolve_model_dir(settings.tokenizer, settings.cache_dir, flag="--tokenizer")
     digest = xxhash.xxh3_128()
     for name in TOKENIZER_FILES:
         if (path / name).is_file():

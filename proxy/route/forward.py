@@ -59,12 +59,16 @@ async def forward(router: Router, request: Request, kind: str, raw: bytes, tenan
         raise OpenAIError(400, "the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
+    if not isinstance(body.get("model", ""), str):
+        raise OpenAIError(400, "model: must be a string", param="model")
     stream = body.get("stream") is True
-    wants_usage = not stream or bool((body.get("stream_options") or {}).get("include_usage"))
+    options = body.get("stream_options")
+    # NOTE: stream_options that are not an object pass through for the replica to refuse.
+    wants_usage = (
+        not stream or not isinstance(options or {}, dict) or bool((options or {}).get("include_usage"))
+    )
     if not wants_usage:
-        raw = json.dumps(
-            body | {"stream_options": (body.get("stream_options") or {}) | {"include_usage": True}}
-        ).encode()
+        raw = json.dumps(body | {"stream_options": (options or {}) | {"include_usage": True}}).encode()
     key = await asyncio.to_thread(router.identity.prompt, kind, body, tenant)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
     headers["accept-encoding"] = "identity"  # SSE bytes pass through as they are

@@ -88,11 +88,18 @@ class RouterMetrics:
         """Per replica: health, in flight, requests, decisions, errors, tokens and hit rates."""
         out = {}
         for replica, totals in self._totals.items():
+            base = dict.fromkeys(
+                ("requests", "predicted_tokens", "prompt_tokens", "reported_cached_tokens"), 0
+            )
             prompt = totals["prompt_tokens"]
-            out[replica] = dict(totals) | {
-                "up": up.get(replica, False),
-                "inflight": inflight.get(replica, 0),
-                "predicted_hit_rate": totals["predicted_tokens"] / prompt if prompt else None,
-                "reported_hit_rate": totals["reported_cached_tokens"] / prompt if prompt else None,
-            }
+            out[replica] = (
+                base
+                | dict(totals)
+                | {
+                    "up": up.get(replica, False),
+                    "inflight": inflight.get(replica, 0),
+                    "predicted_hit_rate": totals["predicted_tokens"] / prompt if prompt else None,
+                    "reported_hit_rate": totals["reported_cached_tokens"] / prompt if prompt else None,
+                }
+            )
         return {"replicas": out}

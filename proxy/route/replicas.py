@@ -5,7 +5,8 @@ A replica is *up* while its ``/health`` answers 200 and its breaker is closed. A
 error, a timeout or a 429/502/503 before the first byte opens the breaker for
 ``--replica-cooldown`` seconds; a health probe that answers closes it. A replica that comes back
 after being down, or whose ``/health`` reports another start time (it restarted), gets a new
-epoch in the route index, so the prefixes it held before stop counting.
+epoch in the route index, so the prefixes it held before stop counting; unless its ``/health``
+says its cache survives (``"cache_persistent": true``, as ``kvproxy serve`` on Redis does).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Replicas:
         """Replicas up and not excluded; of those, the ones listing ``model`` when any does (else
         all of them: the upstream answers for a model nobody lists)."""
         up = [r for r in self.all if r.available and r.url not in exclude]
-        serving = [r for r in up if model in r.models]
+        serving = [r for r in up if isinstance(model, str) and model in r.models]
         return serving or up
 
     def get(self, url: str) -> Replica:
@@ -86,9 +87,11 @@ class Replicas:
             up = False
         if not up:
             return False, False
-        started = _started(health)
-        restarted = replica.probed and (
-            not replica.up or (started is not None and started != replica.started)
+        started, persistent = _started(health)
+        restarted = (
+            replica.probed
+            and not persistent
+            and (not replica.up or (started is not None and started != replica.started))
         )
         replica.started = started
         try:
@@ -102,10 +105,13 @@ class Replicas:
         await asyncio.gather(*(r.client.aclose() for r in self.all))
 
 
-def _started(response: httpx.Response) -> object:
-    """The replica's start marker from its ``/health`` JSON (kvproxy: ``started``), if any."""
+def _started(response: httpx.Response) -> tuple[object, bool]:
+    """The replica's start marker from its ``/health`` JSON (kvproxy: ``started``), if any, and
+    whether it says its cache survives restarts (``cache_persistent``)."""
     try:
         doc = response.json()
     except ValueError:
-        return None
-    return doc.get("started") if isinstance(doc, dict) else None
+        return None, False
+    if not isinstance(doc, dict):
+        return None, False
+    return doc.get("started"), doc.get("cache_persistent") is True

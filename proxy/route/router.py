@@ -11,8 +11,6 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-import redis
-
 from hashing import BlockHash
 from proxy.config import RouteSettings
 from proxy.route.identity import Identity, PromptKey
@@ -20,6 +18,7 @@ from proxy.route.metrics import RouterMetrics
 from proxy.route.policy import Choice, Thresholds, choose
 from proxy.route.replicas import Replica, Replicas
 from store.breaker import CircuitBreaker
+from store.connect import REDIS_ERRORS
 from store.route_index import RouteIndex
 
 log = logging.getLogger("route")
@@ -143,7 +142,7 @@ class Router:
             return None
         try:
             result = await asyncio.to_thread(fn, *args)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             if self.breaker.failure():
                 log.warning("Redis unreachable (%s): routing on local counts until it answers", exc)
             return None

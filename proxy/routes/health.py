@@ -7,15 +7,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from proxy.state import CacheDep, EngineDep
+from proxy.state import CacheDep, EngineDep, SettingsDep
+from proxy.stores import MEMORY_URL
 
 router = APIRouter()
 
 
 @router.get("/health")
-async def health(request: Request, engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
-    """Liveness; ``started`` (Unix seconds) changes when the server restarts, which tells a router
-    that the prefixes it remembered there are gone."""
+async def health(
+    request: Request, engine: EngineDep, cache: CacheDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Liveness; ``started`` (Unix seconds) changes when the server restarts, and
+    ``cache_persistent`` tells a router whether the prefixes it remembered there survive that (a
+    Redis index: yes; ``memory://`` or no cache: no)."""
     state = "disabled" if cache is None else await run_in_threadpool(cache.health)
     return {
         "status": "ok",
@@ -25,4 +29,5 @@ async def health(request: Request, engine: EngineDep, cache: CacheDep) -> dict[s
         "busy": not engine.idle,
         "queue_depth": engine.queue_depth,
         "started": request.app.state.started,
+        "cache_persistent": cache is not None and not settings.redis_url.startswith(MEMORY_URL),
     }

@@ -191,3 +191,15 @@ def test_a_client_that_leaves_mid_stream_is_no_longer_counted(key_prefix, redis_
         shared = redis_client.hgetall(f"{key_prefix}{{route}}:inflight")
     assert stats["inflight"] == 0
     assert sum(int(v) for k, v in shared.items() if not k.endswith(b"|@")) == 0
+
+
+def test_odd_bodies_are_refused_or_passed_on_never_500(key_prefix) -> None:
+    """A model that is not a string is the router's 400; stream_options that are not an object
+    go to the replica untouched (its answer reaches the client)."""
+    with routed(key_prefix) as (router, up):
+        bad_model = post(router, CHAT | {"model": ["x"]})
+        odd_options = post(router, CHAT | {"stream": True, "stream_options": "yes"})
+        received = [json.loads(raw) for u in up.values() for raw, _ in u.app.state.bodies]
+    assert bad_model.status_code == 400 and bad_model.json()["error"]["param"] == "model"
+    assert odd_options.status_code == 200 and "data: [DONE]" in odd_options.text
+    assert [b["stream_options"] for b in received] == ["yes"]
