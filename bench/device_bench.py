@@ -23,7 +23,10 @@ import httpx
 
 from bench.servers import serve
 
-FORMATS = {"cuda": [("auto", "auto"), ("float32", "full")], "cpu": [("auto", "auto"), ("float32", "full")]}
+FORMATS = {
+    "cuda": [("bfloat16", "full"), ("float32", "full")],
+    "cpu": [("bfloat16", "int8"), ("float32", "full")],
+}
 
 
 def stream(

@@ -100,7 +100,11 @@ def sweep(
             ),
             min(len(ours["token_ids"]), len(theirs["token_ids"])),
         )
-        alternatives = sorted(theirs["logprobs"]["top_logprobs"][step].values(), reverse=True)
+        # NOTE: a server that ended at ``step`` (end of text) reports no alternatives there; the
+        # other server's are of the same distribution up to the format's rounding.
+        tops = theirs["logprobs"]["top_logprobs"] + [None] * max_tokens
+        top = tops[step] or (ours["logprobs"]["top_logprobs"] + [{}] * max_tokens)[step]
+        alternatives = sorted(top.values(), reverse=True)
         gap = alternatives[0] - alternatives[1] if len(alternatives) > 1 else float("inf")
         result.divergences.append(Divergence(i, step, gap))
     return result

@@ -1,11 +1,10 @@
 """Load a model for serving: resolve it (``engine.resolve``), choose its formats, load weights and
 tokenizer, quantize, and probe the K/V it produces.
 
-Formats: ``dtype`` is the activation and K/V dtype (``auto``: bfloat16 where the hardware computes
-it natively, a CUDA GPU or a CPU with AVX512-BF16/AMX, else float32); ``weights`` is the weight
-format of the linear layers (``engine.quantize``; ``auto``: int8 for bfloat16 on a CPU, else
-full). Both, and the device kind, are part of every cache namespace: K/V computed in one format
-or on one kind of device is never reused in another.
+Formats: ``dtype`` is the activation and K/V dtype, ``weights`` the weight format of the linear
+layers (``engine.quantize``); ``auto`` is the exact mode, float32 and full weights. Both, and the
+device kind, are part of every cache namespace: K/V computed in one format or on one kind of device
+is never reused in another.
 """
 
 from __future__ import annotations
@@ -83,17 +82,8 @@ def _namespace(fingerprint: str, kv_dtype: str, weights: str, device: str, tenan
     )
 
 
-def cpu_computes_bf16() -> bool:
-    """Whether this CPU has native bfloat16 arithmetic (AVX512-BF16 or AMX; Linux flags)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_formats(dtype: str, weights: str, device: str) -> tuple[str, WeightFormat]:
-    """``(dtype, weights)`` with ``auto`` replaced by what suits ``device``.
+def resolve_formats(dtype: str, weights: str) -> tuple[str, WeightFormat]:
+    """``(dtype, weights)`` with ``auto`` replaced by the exact mode (``float32``, ``full``).
 
     Raises:
         ModelError: an unknown value.
@@ -102,16 +92,13 @@ def resolve_formats(dtype: str, weights: str, device: str) -> tuple[str, WeightF
         raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if weights not in WEIGHTS:
         raise ModelError(f"weights {weights!r} is not one of {', '.join(WEIGHTS)}")
-    kind = torch.device(device).type
+    # NOTE: auto is the exact mode. The reduced formats decode faster on a CPU, but measured on
+    # the default model their cached and cold answers also part where the cold top-2 logit gap
+    # is wider than a near-tie (docs/benchmarks.md), so none of them may be the default yet.
     if dtype == "auto":
-        if kind == "cuda":
-            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        else:
-            dtype = "bfloat16" if kind == "cpu" and cpu_computes_bf16() else "float32"
+        dtype = "float32"
     if weights == "auto":
-        # NOTE: int8, not int4: the kernels decode equally fast here, and int4 weights with the
-        # kernel's 16-bit scales change the default model's answers (measured in docs/benchmarks.md).
-        weights = "int8" if kind == "cpu" and dtype == "bfloat16" else "full"
+        weights = "full"
     return dtype, cast(WeightFormat, weights)
 
 
@@ -124,7 +111,7 @@ def load_model(
         ModelError: missing model, unsupported architecture (not a decoder-only model whose
             layers are all full attention), or an unknown or impossible format.
     """
-    dtype, fmt = resolve_formats(dtype, weights, device)
+    dtype, fmt = resolve_formats(dtype, weights)
     name, model_dir = resolve_model_dir(spec, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
