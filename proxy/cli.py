@@ -12,7 +12,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 from pydantic import BeforeValidator, ValidationError
@@ -30,7 +30,7 @@ def settings_options(func: Callable[..., Any], fields: type[ServerSettings] = Se
         flag = "--" + name.replace("_", "-")
         default = (
             ""
-            if field.default in (None, False, ...) or field.default_factory
+            if field.is_required() or field.default in (None, False) or field.default_factory
             else f"; default {field.default}"
         )
         help_text = f"{field.description} [env KVPROXY_{name.upper()}{default}]"
@@ -41,6 +41,8 @@ def settings_options(func: Callable[..., Any], fields: type[ServerSettings] = Se
             parsed = any(isinstance(m, BeforeValidator) for m in field.metadata)
             kinds: dict[object, click.ParamType] = {int: click.INT, float: click.FLOAT}
             kind = click.STRING if parsed else kinds.get(field.annotation, click.STRING)
+            if get_origin(field.annotation) is Literal:
+                kind = click.Choice(get_args(field.annotation))
             func = click.option(flag, name, type=kind, default=None, help=help_text)(func)
     return func
 
@@ -60,7 +62,12 @@ def parse_settings(kind: type[S], flags: dict[str, Any]) -> S:
     try:
         return kind(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
-        raise click.UsageError(str(exc)) from exc
+        problems = [
+            (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "")
+            + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
+        raise click.UsageError("; ".join(problems)) from exc
 
 
 @click.group()
@@ -77,12 +84,18 @@ def serve(**flags: Any) -> None:
     from engine.loading import load_model_apart
     from proxy.app import create_app, server_config
     from proxy.auth import parse_api_keys
+    from proxy.stores import blob_budget
 
     settings = load_settings(**flags)
     try:
         parse_api_keys(settings.api_keys)
     except (ValueError, OSError) as exc:
         raise click.UsageError(f"--api-keys: {exc}") from exc
+    if not settings.no_cache:
+        try:
+            blob_budget(settings)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         loaded = load_model_apart(
@@ -120,6 +133,7 @@ def route(**flags: Any) -> None:
     except (ValueError, OSError, ModelError) as exc:
         raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per health probe
     click.echo(f"kvproxy: routing on http://{settings.host}:{settings.port}/v1", err=True)
     app = create_route_app(settings, identity)
     uvicorn.Server(server_config(app, settings, timeout_graceful_shutdown=15)).run()
@@ -159,8 +173,8 @@ def models_list(cache_dir: str | None) -> None:
 
 
 def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The settings that locate a cache: Redis, key prefix, blob directory."""
-    for name in reversed(("redis_url", "key_prefix", "blob_dir", "cache_dir", "redis_timeout")):
+    """The settings that locate a cache: Redis, key prefix, blob directory or URL."""
+    for name in reversed(("redis_url", "key_prefix", "blob_dir", "blob_url", "cache_dir", "redis_timeout")):
         field = Settings.model_fields[name]
         help_text = f"{field.description} [env KVPROXY_{name.upper()}]"
         func = click.option("--" + name.replace("_", "-"), name, default=None, help=help_text)(func)

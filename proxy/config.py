@@ -6,9 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store.connect import SCHEMES
 
 _UNITS = {
     "": 1,
@@ -53,8 +57,9 @@ class ServerSettings(BaseSettings):
     )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        description="Redis holding the block index; memory:// keeps it in this process (one process "
-        "alone, forgotten at restart).",
+        description="Redis holding the block index: redis://, rediss:// (TLS), unix://, "
+        "redis+cluster://HOST:PORT[,HOST:PORT...] or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB] "
+        "(Redis >= 7); memory:// keeps it in this process (one process alone, forgotten at restart).",
     )
     key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
     admin_key: str | None = Field(None, description="Bearer key required by the cache admin routes.")
@@ -77,6 +82,15 @@ class ServerSettings(BaseSettings):
         5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
     )
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str) -> str:
+        if url.partition("://")[0] not in (*SCHEMES, "memory"):
+            raise ValueError(
+                f"the scheme must be one of {', '.join(s + '://' for s in (*SCHEMES, 'memory'))}"
+            )
+        return url
+
 
 class Settings(ServerSettings):
     """Everything ``kvproxy serve`` can be told; read once at start-up by the CLI or the app factory."""
@@ -91,6 +105,11 @@ class Settings(ServerSettings):
         "listed first (default: the model's own name).",
     )
     blob_dir: Path | None = Field(None, description="Block blob directory (default: CACHE_DIR/blobs).")
+    blob_url: str | None = Field(
+        None,
+        description="Where block blobs live: file:///path (as --blob-dir) or s3://bucket/prefix (endpoint "
+        "and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; needs --max-cache-bytes).",
+    )
     ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
     max_ttl: int = Field(
         86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
@@ -103,12 +122,11 @@ class Settings(ServerSettings):
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="Activation and KV dtype; auto: bfloat16 where the hardware computes it natively "
-        "(CUDA, or a CPU with AVX512-BF16/AMX), else float32 (exact).",
+        description="Activation and KV dtype; auto: float32, the exact mode.",
     )
     weights: Literal["auto", "full", "int4", "int8"] = Field(
         "auto",
-        description="Weight format of the linear layers; auto: int8 for bfloat16 on a CPU, else full.",
+        description="Weight format of the linear layers; auto: full.",
     )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     default_max_tokens: int = Field(
@@ -128,9 +146,35 @@ class Settings(ServerSettings):
         "as a miss instead (a stuck disk or mount).",
     )
 
+    @model_validator(mode="after")
+    def _one_blob_location(self) -> Settings:
+        if self.blob_url is None:
+            return self
+        if self.blob_dir is not None:
+            raise ValueError(
+                "give --blob-dir or --blob-url, not both (--blob-dir DIR is --blob-url file://DIR)"
+            )
+        url = urlsplit(self.blob_url)
+        if not (url.scheme == "s3" and url.netloc) and not (
+            url.scheme == "file" and url.path and not url.netloc
+        ):
+            raise ValueError(f"--blob-url {self.blob_url!r} is neither file:///path nor s3://bucket/prefix")
+        return self
+
     @property
     def blob_root(self) -> Path:
+        """The directory of a file blob store: ``--blob-url file://...``, ``--blob-dir`` or
+        CACHE_DIR/blobs."""
+        if self.blob_url is not None and self.blob_url.startswith("file:"):
+            return Path(url2pathname(urlsplit(self.blob_url).path))
         return self.blob_dir if self.blob_dir is not None else self.cache_dir / "blobs"
+
+    @property
+    def blob_location(self) -> str:
+        """Where blobs live, as a URL: ``s3://bucket/prefix`` or ``file:///path``."""
+        if self.blob_url is not None and self.blob_url.startswith("s3:"):
+            return self.blob_url
+        return self.blob_root.absolute().as_uri()
 
 
 class RouteSettings(ServerSettings):
@@ -173,6 +217,17 @@ class RouteSettings(ServerSettings):
     replica_cooldown: float = Field(
         5.0, gt=0, description="Seconds a failed replica is skipped unless its health probe answers."
     )
+
+    @field_validator("upstream")
+    @classmethod
+    def _base_urls(cls, upstream: str) -> str:
+        urls = [u.strip().rstrip("/") for u in upstream.split(",") if u.strip()]
+        if not urls:
+            raise ValueError("give at least one replica's OpenAI base URL (http://host:port/v1)")
+        for url in urls:
+            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1", url):
+                raise ValueError(f"{url!r} is not an OpenAI base URL: http(s)://host:port[/path]/v1")
+        return upstream
 
     @property
     def upstreams(self) -> list[str]:

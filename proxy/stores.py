@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import logging
 import shutil
+from urllib.parse import urlsplit
 
 import redis
 import torch
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from proxy.config import ServerSettings, Settings
+from store import connect
 from store.admin import StoreAdmin
-from store.blobs import BlobStore
+from store.blob_backend import BlobBackend
+from store.blobs import FileBlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
 from store.interface import KVSpec
 from store.memory import MemoryIndex
 from store.parts import BlockIndex
+from store.s3 import S3BlobStore, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +32,28 @@ RAM_BLOCKS_WARNING = 16
 
 
 def redis_client(settings: ServerSettings) -> redis.Redis:
-    """A client whose every operation fails within ``settings.redis_timeout`` seconds.
+    """The client ``--redis-url`` names (one server, a Cluster or Sentinel, ``store.connect``),
+    every operation failing within ``--redis-timeout`` seconds and never retried.
 
-    NOTE: redis-py retries failed commands by default (with backoff); a cache must not: a slow
-    Redis becomes a miss at once and the circuit breaker takes it from there.
+    Raises:
+        RedisURLError: a URL that cannot be used.
     """
-    return redis.Redis.from_url(
-        settings.redis_url,
-        socket_timeout=settings.redis_timeout,
-        socket_connect_timeout=settings.redis_timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
+    return connect.redis_client(settings.redis_url, settings.redis_timeout)
 
 
 def blob_budget(settings: Settings) -> int:
-    """``--max-cache-bytes``, or half of the free disk under the blob directory now."""
+    """``--max-cache-bytes``, or half of the free disk under the blob directory now (bytes).
+
+    Raises:
+        ValueError: blobs on S3 and no ``--max-cache-bytes`` (a bucket has no free space to halve).
+    """
     if settings.max_cache_bytes is not None:
         return settings.max_cache_bytes
+    if urlsplit(settings.blob_location).scheme == "s3":
+        raise ValueError(
+            f"--blob-url {settings.blob_location} needs a byte budget: set --max-cache-bytes "
+            "(KVPROXY_MAX_CACHE_BYTES), e.g. 100GB"
+        )
     settings.blob_root.mkdir(parents=True, exist_ok=True)
     return shutil.disk_usage(settings.blob_root).free // 2
 
@@ -63,11 +70,18 @@ def open_index(settings: Settings) -> BlockIndex:
     return RedisIndex(redis_client(settings), settings.key_prefix)
 
 
+def open_blobs(settings: Settings) -> BlobBackend:
+    """The blob store ``--blob-url`` (or ``--blob-dir``) names: a directory, or an S3 bucket whose
+    reads time out after ``--cache-read-timeout`` seconds (nothing is contacted yet)."""
+    url = urlsplit(settings.blob_location)
+    if url.scheme == "s3":
+        return S3BlobStore(url.netloc, url.path, s3_client(settings.cache_read_timeout))
+    return FileBlobStore(settings.blob_root)
+
+
 def open_admin(settings: Settings) -> StoreAdmin:
     """The administrative view of the cache ``settings`` point at."""
-    return StoreAdmin(
-        open_index(settings), BlobStore(settings.blob_root), breaker_cooldown_s=settings.redis_retry
-    )
+    return StoreAdmin(open_index(settings), open_blobs(settings), breaker_cooldown_s=settings.redis_retry)
 
 
 def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
@@ -77,7 +91,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     budget = blob_budget(settings)
     cache = BlockCache(
         open_index(settings),
-        BlobStore(settings.blob_root),
+        open_blobs(settings),
         spec,
         ttl_s=settings.ttl,
         max_bytes=budget,
@@ -91,7 +105,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     ram_blocks = settings.ram_cache_bytes // spec.block_bytes
     log.info(
         "blob store %s: budget %.1f MB (--max-cache-bytes); RAM tier %.1f MB, %d blocks (--ram-cache-bytes)",
-        settings.blob_root,
+        settings.blob_location,
         budget / 1e6,
         settings.ram_cache_bytes / 1e6,
         ram_blocks,

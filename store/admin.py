@@ -11,7 +11,7 @@ from typing import Any
 
 from hashing import Namespace
 from store import report
-from store.blobs import BlobStore
+from store.blob_backend import BlobBackend
 from store.gc import GarbageCollector, clear, collect
 from store.guard import Guard
 from store.interface import CacheHealth
@@ -33,7 +33,7 @@ class StoreAdmin:
     def __init__(
         self,
         index: BlockIndex,
-        blobs: BlobStore,
+        blobs: BlobBackend,
         *,
         breaker_cooldown_s: float = 5.0,
         gc_grace_s: float = 60.0,

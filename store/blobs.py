@@ -1,12 +1,10 @@
-"""The blob store: one safetensors file per block on a local or shared filesystem.
+"""The file backend of the blob store (``file://``): one safetensors file per block on a local or
+shared filesystem.
 
-Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (docs/design.md, "Storage").
+Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (``store.blob_backend``).
 Writes go to a temporary file in the same directory, are fsynced, then hard-linked into place,
 so a reader (in this or another process) sees either no file or a complete one, and a blob once
 placed is never modified: a second writer of the same block keeps the first file.
-
-Every blob access of the cache (lookup, writer, garbage collector, clear) goes through this
-class, by block name; nothing else builds a path.
 """
 
 from __future__ import annotations
@@ -18,12 +16,11 @@ import stat
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from hashing import BlockHash, Namespace
+from store.blob_backend import BlobInfo, blob_name, parse_blob_name
 
-BLOB_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
 
 
@@ -32,29 +29,18 @@ def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NONBLOCK)
 
 
-@dataclass(frozen=True)
-class BlobInfo:
-    """A stored object found by ``scan``: a block's blob (``block_hash`` set) or a writer's
-    leftover temporary file (``block_hash`` None)."""
-
-    name: str  # the object's name relative to the root
-    namespace_hex: str
-    block_hash: BlockHash | None
-    age_s: float  # seconds since last modified
-    size: int  # bytes
-
-
-class BlobStore:
-    """Files of blocks under ``root``; safe to share between processes (also over NFS-style
-    shared volumes: only create-if-absent links, reads and deletes are used)."""
+class FileBlobStore:
+    """Files of blocks under ``root`` (a ``store.blob_backend.BlobBackend``); safe to share between
+    processes (also over NFS-style shared volumes: only create-if-absent links, reads and deletes
+    are used)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self.url = self.root.absolute().as_uri()
 
     def name(self, namespace: Namespace, block_hash: BlockHash) -> str:
         """Where a block's blob lives, relative to ``root`` (what the index records)."""
-        h = block_hash.hex()
-        return f"{namespace.hex()}/{h[:2]}/{h}{BLOB_SUFFIX}"
+        return blob_name(namespace, block_hash)
 
     def path(self, namespace: Namespace, block_hash: BlockHash) -> Path:
         """The file of a block's blob."""
@@ -133,17 +119,14 @@ class BlobStore:
                 st = path.stat()
             except FileNotFoundError:
                 continue
-            if path.name.endswith(BLOB_SUFFIX) and not path.name.startswith("."):
-                try:
-                    hex_name = path.name.removesuffix(BLOB_SUFFIX)
-                    block_hash: BlockHash | None = BlockHash(bytes.fromhex(hex_name))
-                except ValueError:
-                    continue  # not a name we write
+            name = path.relative_to(self.root).as_posix()
+            parsed = parse_blob_name(name)
+            if parsed is not None:
+                block_hash: BlockHash | None = parsed[1]
             elif path.name.endswith(TEMP_SUFFIX):
                 block_hash = None
             else:
-                continue
-            name = path.relative_to(self.root).as_posix()
+                continue  # not a name we write
             yield BlobInfo(name, path.parent.parent.name, block_hash, now - st.st_mtime, st.st_size)
 
     def remove(self, blob: BlobInfo) -> None:
@@ -168,3 +151,7 @@ class BlobStore:
                 directory.rmdir()
             except OSError:
                 break  # not empty, or gone
+
+
+BlobStore = FileBlobStore
+"""The name older code and the tests use for the file backend."""

@@ -16,7 +16,7 @@ import torch
 
 from hashing import Namespace
 from store.admin import StoreAdmin
-from store.blobs import BlobStore
+from store.blob_backend import BlobBackend
 from store.interface import KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.lookup import PrefixLookup
 from store.parts import BlockIndex
@@ -48,7 +48,7 @@ class BlockCache(StoreAdmin):
     def __init__(
         self,
         index: BlockIndex,
-        blobs: BlobStore,
+        blobs: BlobBackend,
         spec: KVSpec,
         *,
         ttl_s: int,

@@ -9,9 +9,10 @@ What it reclaims, and why each can exist:
 - **unindexed blob**: a blob no entry accounts for (Redis restarted empty, a publish failed, a
   writer crashed). Only after ``grace_s`` seconds, so a blob written but not yet published is safe.
 
-Every blob access goes through ``BlobStore``. Nothing here depends on Redis keyspace
-notifications; running it in several processes at once is safe (every index change is an atomic
-script; deleting a blob twice is harmless). ``GarbageCollector`` runs it on a timer.
+Every blob access goes through ``BlobBackend`` (a directory or a bucket); unindexed blobs are found
+by listing (``scan``). Nothing here depends on Redis keyspace notifications; running it in several
+processes at once is safe (every index change is an atomic script; deleting a blob twice is
+harmless). ``GarbageCollector`` runs it on a timer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from hashing import Namespace
-from store.blobs import BlobInfo, BlobStore
+from store.blob_backend import BlobBackend, BlobInfo
 from store.entries import member_name, parse_member
 from store.parts import BlockIndex
 from store.stats import GcReport
@@ -31,11 +32,12 @@ log = logging.getLogger(__name__)
 BATCH = 1000
 
 
-def collect(index: BlockIndex, blobs: BlobStore, grace_s: float) -> GcReport:
+def collect(index: BlockIndex, blobs: BlobBackend, grace_s: float) -> GcReport:
     """One pass over the index, then over the blob store.
 
     Raises:
         redis.RedisError: Redis failed; whatever was reclaimed so far stays reclaimed.
+        OSError: the blob store failed; likewise.
     """
     tally = GcReport()
     # NOTE: removing an orphan orphans its children: repeat until a pass finds none.
@@ -48,7 +50,7 @@ def collect(index: BlockIndex, blobs: BlobStore, grace_s: float) -> GcReport:
     return tally
 
 
-def _collect_index(index: BlockIndex, blobs: BlobStore, tally: GcReport) -> None:
+def _collect_index(index: BlockIndex, blobs: BlobBackend, tally: GcReport) -> None:
     for members in index.members(BATCH):
         entries = index.entries(members)
         gone = [m for m, e in zip(members, entries, strict=True) if e is None]
@@ -69,7 +71,7 @@ def _collect_index(index: BlockIndex, blobs: BlobStore, tally: GcReport) -> None
         tally.orphans += len(_forget(index, blobs, orphans, force=True, tally=tally))
 
 
-def _collect_blobs(index: BlockIndex, blobs: BlobStore, grace_s: float, tally: GcReport) -> None:
+def _collect_blobs(index: BlockIndex, blobs: BlobBackend, grace_s: float, tally: GcReport) -> None:
     old = [b for b in blobs.scan() if b.age_s > grace_s]
     for temp in [b for b in old if b.block_hash is None]:
         blobs.remove(temp)
@@ -91,7 +93,7 @@ def _member(blob: BlobInfo) -> str:
 
 
 def _forget(
-    index: BlockIndex, blobs: BlobStore, members: list[str], *, force: bool, tally: GcReport
+    index: BlockIndex, blobs: BlobBackend, members: list[str], *, force: bool, tally: GcReport
 ) -> list[str]:
     """Reclaim ``members`` in the index, then delete their blobs."""
     removed = index.reclaim(members, force=force)
@@ -102,7 +104,7 @@ def _forget(
     return removed
 
 
-def clear(index: BlockIndex, blobs: BlobStore, namespace_hex: str | None = None) -> int:
+def clear(index: BlockIndex, blobs: BlobBackend, namespace_hex: str | None = None) -> int:
     """Remove every block (or every block of one namespace) from the index and the blob store.
 
     Returns:
@@ -110,6 +112,7 @@ def clear(index: BlockIndex, blobs: BlobStore, namespace_hex: str | None = None)
 
     Raises:
         redis.RedisError: Redis failed.
+        OSError: the blob store failed.
     """
     tally = GcReport()
     removed = 0

@@ -12,9 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis
-
 from store.breaker import CircuitBreaker
+from store.connect import REDIS_ERRORS
 from store.stats import StatsRecorder
 
 log = logging.getLogger("store")
@@ -46,7 +45,7 @@ class Guard:
             return None
         try:
             result = fn(*args)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.failed(operation, exc)
             return None
         self.succeeded()

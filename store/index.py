@@ -1,17 +1,10 @@
 """The Redis index: metadata of every block, each entry with a TTL, plus LRU order and sizes.
 
-Keys (all under ``key_prefix``, default ``kvp:``; a block's *member* name is its key without the
-prefix, ``{namespace_hex}:b:{hash_hex}``):
-
-    ``{prefix}{member}``  JSON ``{"blob", "bytes", "parent", "created"}``, with a TTL (seconds)
-    ``{prefix}lru``       sorted set: member -> time of last use (seconds), the tail of a chain
-                          scored a little older than its head so it is evicted first
-    ``{prefix}sizes``     hash: member -> blob bytes, for every member of ``lru``
-    ``{prefix}bytes``     the sum of ``sizes``: what the blob store holds
-    ``{prefix}{ns}:s:{hash}``  "seen": a block was stored once (kept a week), to tell a miss on
-                          a block never seen from one on a block that expired or was evicted
-    ``{prefix}{ns}:c:{parent_hex or "root"}``  set of child hashes, to find where a prompt diverged
-    (``store.counters`` keeps the deployment-wide counters under ``{prefix}stats`` and ``{prefix}tok:``)
+The keys (``store.keys``) carry their namespace as a Redis Cluster hash tag, so a chain lookup, a
+publish or an eviction touches one slot (one node, one round trip), while namespaces spread over
+the cluster's nodes. What is global sums over namespaces: the bytes held (the byte budget) and
+the block count are the sums of every namespace's counters, read in one pipelined round trip per
+node; eviction takes the globally least recently used blocks, namespace by namespace (``evict``).
 
 Redis never holds tensors. Every change to these keys is one Lua script (``store.scripts``), so
 several processes can share them: a lookup, a publish, an eviction and a reclaim are each atomic
@@ -21,6 +14,7 @@ and one round trip.
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 
 import redis
@@ -29,36 +23,36 @@ from hashing import BlockHash, Namespace
 from store import scripts
 from store.counters import SharedCounters
 from store.entries import IndexEntry, member_name
+from store.keys import IndexKeys
 
 SEEN_TTL_S = 7 * 86_400
 """Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""
+EVICT_BATCH = 64
+"""Least recently used members read per eviction round trip."""
 
 
 class RedisIndex:
-    """Block index in Redis (implements ``store.parts.BlockIndex``). Every method may raise
-    ``redis.RedisError``; callers degrade."""
+    """Block index in Redis, one server or a Cluster (implements ``store.parts.BlockIndex``).
+    Every method may raise ``store.connect.REDIS_ERRORS``; callers degrade."""
 
     def __init__(self, client: redis.Redis, key_prefix: str) -> None:
         self.client = client
         self.key_prefix = key_prefix
-        self.lru_key = f"{key_prefix}lru"
-        self.sizes_key = f"{key_prefix}sizes"
-        self.bytes_key = f"{key_prefix}bytes"
+        self.keys = IndexKeys(key_prefix)
         self._match = client.register_script(scripts.MATCH)
         self._publish = client.register_script(scripts.PUBLISH)
-        self._evict = client.register_script(scripts.EVICT)
-        self._reclaim = client.register_script(scripts.RECLAIM)
+        self._forget = client.register_script(scripts.FORGET)
 
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
-        return self.key_prefix + member_name(namespace, block_hash)
+        return self.keys.block(namespace, block_hash)
 
     def match(
         self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
     ) -> tuple[list[IndexEntry], bool]:
         """Entries of the leading blocks present, stopping at the first missing one.
 
-        One round trip; refreshes the TTL of matched key i to at least ``ttls[i]`` seconds and
-        marks it used now. An entry that does not parse ends the match there.
+        One round trip on the namespace's node; refreshes the TTL of matched key i to at least
+        ``ttls[i]`` seconds and marks it used now. An entry that does not parse ends the match.
 
         Returns:
             The entries, and whether the first missing block (if any) was stored once before
@@ -66,9 +60,14 @@ class RedisIndex:
         """
         if not hashes:
             return [], False
-        keys = [self.block_key(namespace, h) for h in hashes]
-        args: list[str | int | float] = [self.lru_key, len(self.key_prefix), time.time(), self.key_prefix]
-        raws, seen = self._match(keys=keys, args=[*args, *ttls])
+        ns = namespace.hex()
+        keys = [
+            self.keys.of(ns, "lru"),
+            *(self.keys.block(namespace, h) for h in hashes),
+            *(self.keys.seen(namespace, h) for h in hashes),
+        ]
+        members = [member_name(namespace, h) for h in hashes]
+        raws, seen = self._match(keys=keys, args=[time.time(), 0, *ttls, *members])
         entries: list[IndexEntry] = []
         for raw in raws:
             try:
@@ -80,13 +79,10 @@ class RedisIndex:
     def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
         """Hashes of blocks stored under ``parent`` (None: the first block of a chain) that
         still have an index entry."""
-        members: set[bytes] = self.client.smembers(self._children_key(namespace, parent))  # type: ignore[assignment]
+        members: set[bytes] = self.client.smembers(self.keys.children(namespace, parent))  # type: ignore[assignment]
         hashes = [BlockHash(bytes.fromhex(m.decode())) for m in members]
         missing = self.missing(namespace, hashes) if hashes else []
         return [h for h, gone in zip(hashes, missing, strict=True) if not gone]
-
-    def _children_key(self, namespace: Namespace, parent: BlockHash | None) -> str:
-        return f"{self.key_prefix}{namespace.hex()}:c:{parent.hex() if parent is not None else 'root'}"
 
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
         """For each hash, whether the index lacks it (one pipelined round trip)."""
@@ -113,73 +109,116 @@ class RedisIndex:
             used_at: Unix time (seconds) of the request that computed the block.
 
         Returns:
-            The bytes the blob store holds now.
+            The bytes the blob store holds now, over every namespace (``total_bytes``).
         """
-        member = member_name(namespace, block_hash)
-        args: list[str | int | float] = [
-            entry.to_json(),
-            ttl_s,
-            self.lru_key,
-            self.sizes_key,
-            self.bytes_key,
-            member,
-            entry.size,
-            index,
-            used_at,
-            f"{self.key_prefix}{namespace.hex()}:s:{block_hash.hex()}",
-            self._children_key(namespace, parent),
-            SEEN_TTL_S,
-            block_hash.hex(),
+        ns = namespace.hex()
+        self.client.sadd(self.keys.namespaces, ns)  # NOTE: first, so the budget never misses it
+        keys = [
+            self.block_key(namespace, block_hash),
+            *self.keys.accounts(ns),
+            self.keys.seen(namespace, block_hash),
+            self.keys.children(namespace, parent),
         ]
-        return int(self._publish(keys=[self.key_prefix + member], args=args))
+        member, ttl = member_name(namespace, block_hash), SEEN_TTL_S
+        args = (entry.to_json(), ttl_s, member, entry.size, index, used_at, ttl, block_hash.hex())
+        self._publish(keys=keys, args=args)
+        return self.total_bytes()
+
+    def _namespaces(self) -> list[str]:
+        return sorted(m.decode() for m in self.client.smembers(self.keys.namespaces))  # type: ignore[union-attr]
+
+    def _per_namespace(self, command: str, rest: str) -> dict[str, int]:
+        """``command`` (``get`` or ``zcard``) on key ``rest`` of every namespace: one pipelined
+        round trip per node."""
+        spaces = self._namespaces()
+        pipe = self.client.pipeline(transaction=False)
+        for ns in spaces:
+            getattr(pipe, command)(self.keys.of(ns, rest))
+        return {ns: int(v or 0) for ns, v in zip(spaces, pipe.execute() if spaces else [], strict=True)}
 
     def evict(self, max_bytes: int) -> list[str]:
         """Remove least recently used blocks until the store holds at most ``max_bytes``.
 
+        The budget is global: each round reads every namespace's bytes and oldest member, then
+        evicts from the namespace holding the globally oldest block, down to the next
+        namespace's oldest (one script on that namespace's node). A member used since it was
+        read is kept. Writers publishing meanwhile may overshoot by their blocks until the next
+        eviction.
+
         Returns:
             The evicted members; their blobs are the caller's to delete.
         """
-        args: list[str | int] = [self.lru_key, self.sizes_key, self.bytes_key, self.key_prefix, max_bytes]
-        return [m.decode() for m in self._evict(args=args)]
+        evicted: list[str] = []
+        while True:
+            held = self._per_namespace("get", "bytes")
+            excess = sum(held.values()) - max_bytes
+            if excess <= 0:
+                return evicted
+            pipe = self.client.pipeline(transaction=False)
+            spaces = [ns for ns, n in held.items() if n > 0]
+            for ns in spaces:
+                pipe.zrange(self.keys.of(ns, "lru"), 0, 0, withscores=True)
+            oldest = sorted((rows[0][1], ns) for ns, rows in zip(spaces, pipe.execute(), strict=True) if rows)
+            if not oldest:
+                return evicted
+            ns, bound = oldest[0][1], oldest[1][0] if len(oldest) > 1 else float("inf")
+            lru = self.keys.of(ns, "lru")
+            rows: list[tuple[bytes, float]] = self.client.zrangebyscore(  # type: ignore[assignment]
+                lru, "-inf", bound, 0, EVICT_BATCH, withscores=True
+            )
+            members = [(m.decode(), score) for m, score in rows]
+            removed = self._forget_members(ns, members, "evict", excess)
+            if not removed:
+                return evicted
+            evicted += removed
+
+    def _forget_members(
+        self, ns: str, members: Sequence[tuple[str, float]], mode: str, budget: int = 0
+    ) -> list[str]:
+        keys = [*self.keys.accounts(ns), *(self.keys.member(m) for m, _ in members)]
+        args: list[str | int] = [mode, budget]
+        for member, score in members:
+            args += [member, repr(float(score))]
+        return [m.decode() for m in self._forget(keys=keys, args=args)]
 
     def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
-        """Forget members: those whose entry expired (or all given, with ``force``).
+        """Forget members: those whose entry expired (or all given, with ``force``); one script
+        per namespace.
 
         Returns:
             The members removed from the index; their blobs are the caller's to delete.
         """
-        if not members:
-            return []
-        args = [
-            self.lru_key,
-            self.sizes_key,
-            self.bytes_key,
-            self.key_prefix,
-            "1" if force else "0",
-            *members,
-        ]
-        return [m.decode() for m in self._reclaim(args=args)]
+        by_namespace: dict[str, list[tuple[str, float]]] = defaultdict(list)
+        for member in members:
+            by_namespace[member.partition(":")[0]].append((member, 0.0))
+        removed: list[str] = []
+        for ns, group in by_namespace.items():
+            removed += self._forget_members(ns, group, "force" if force else "reclaim")
+        return removed
 
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
         """Remove a block's entry (after it failed verification or its blob vanished)."""
         self.reclaim([member_name(namespace, block_hash)], force=True)
 
     def members(self, batch: int = 1000) -> Iterator[list[str]]:
-        """Every member in LRU order's set, in batches (ZSCAN: safe while others write)."""
-        chunk: list[str] = []
-        for member, _ in self.client.zscan_iter(self.lru_key, count=batch):
-            chunk.append(member.decode())
-            if len(chunk) >= batch:
+        """Every member of every namespace's LRU set, in batches (ZSCAN: safe while others write)."""
+        for ns in self._namespaces():
+            chunk: list[str] = []
+            for member, _ in self.client.zscan_iter(self.keys.of(ns, "lru"), count=batch):
+                chunk.append(member.decode())
+                if len(chunk) >= batch:
+                    yield chunk
+                    chunk = []
+            if chunk:
                 yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
 
     def entries(self, members: Sequence[str]) -> list[IndexEntry | None]:
-        """The entries of ``members`` (None where gone or unreadable); one round trip."""
-        raws = self.client.mget([self.key_prefix + m for m in members]) if members else []
+        """The entries of ``members`` (None: gone or unreadable); one round trip per node."""
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            pipe.get(self.keys.member(member))
         out: list[IndexEntry | None] = []
-        for raw in raws:
+        for raw in pipe.execute() if members else []:
             try:
                 out.append(None if raw is None else IndexEntry.from_json(raw))
             except (ValueError, KeyError, TypeError):
@@ -187,17 +226,19 @@ class RedisIndex:
         return out
 
     def known(self, members: Sequence[str]) -> list[bool]:
-        """Whether each member is accounted in the index (has a size record); one round trip."""
+        """Whether each member is accounted (has a size record); one round trip per node."""
         pipe = self.client.pipeline(transaction=False)
         for m in members:
-            pipe.hexists(self.sizes_key, m)
-        return [bool(x) for x in pipe.execute()]
+            pipe.hexists(self.keys.of(m.partition(":")[0], "sizes"), m)
+        return [bool(x) for x in pipe.execute()] if members else []
 
     def total_bytes(self) -> int:
-        return int(self.client.get(self.bytes_key) or 0)
+        """Bytes held over every namespace (the sum of their counters)."""
+        return sum(self._per_namespace("get", "bytes").values())
 
     def num_blocks(self) -> int:
-        return int(self.client.zcard(self.lru_key))
+        """Blocks accounted over every namespace."""
+        return sum(self._per_namespace("zcard", "lru").values())
 
     def ping(self) -> None:
         """Raises ``redis.RedisError`` when Redis does not answer."""

@@ -24,7 +24,7 @@ from time import monotonic
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
-from store.blobs import BlobStore
+from store.blob_backend import BlobBackend
 from store.guard import Guard
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
@@ -79,7 +79,7 @@ class PrefixLookup:
     def __init__(
         self,
         index: BlockIndex,
-        blobs: BlobStore,
+        blobs: BlobBackend,
         ram: RamTier,
         writer: BlockWriter,
         spec: KVSpec,

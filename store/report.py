@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hashing import BLOCK_SIZE, Namespace, block_hashes, block_tokens
-from store.blobs import BlobStore
+from store.blob_backend import BlobBackend
 from store.parts import BlockIndex, Counters
 from store.serde import BlockVerificationError, read_token_ids
 
@@ -43,7 +43,7 @@ def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> l
 
 
 def divergence(
-    index: BlockIndex, blobs: BlobStore, namespace: Namespace, token_ids: Sequence[int], block: int
+    index: BlockIndex, blobs: BlobBackend, namespace: Namespace, token_ids: Sequence[int], block: int
 ) -> tuple[int, list[int]] | None:
     """Where ``token_ids`` first differs from a cached sibling of its block ``block``.
 

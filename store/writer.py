@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens
-from store.blobs import BlobStore
+from store.blob_backend import BlobBackend
 from store.entries import new_entry, parse_member
 from store.guard import Guard
 from store.interface import KVBlock, KVSpec
@@ -77,7 +77,7 @@ class BlockWriter:
     def __init__(
         self,
         index: BlockIndex,
-        blobs: BlobStore,
+        blobs: BlobBackend,
         ram: RamTier,
         counters: Counters,
         spec: KVSpec,
@@ -151,7 +151,10 @@ class BlockWriter:
         for member in evicted:
             namespace, block_hash = parse_member(member)
             self.ram.drop(namespace, block_hash)
-            self.blobs.delete(namespace, block_hash)
+            try:
+                self.blobs.delete(namespace, block_hash)
+            except OSError as exc:  # unindexed now: the garbage collector removes it later
+                self.guard.warn("evict", "cannot delete an evicted blob from %s (%s)", self.blobs.url, exc)
         if evicted:
             self.stats.add(evicted_budget=len(evicted))
             self.share(None, evicted_budget=len(evicted))
@@ -193,8 +196,8 @@ class BlockWriter:
                 self.stats.add(save_errors=1)
                 self.guard.warn(
                     "write",
-                    "cannot write block blobs under %s (%s): serving without saving",
-                    self.blobs.root,
+                    "cannot write block blobs to %s (%s): serving without saving",
+                    self.blobs.url,
                     exc,
                 )
                 return

@@ -17,6 +17,8 @@ import redis
 from engine.loading import LoadedModel, load_model
 from proxy.app import create_app
 from proxy.config import Settings, default_cache_dir
+from store import connect
+from store.blob_backend import BlobBackend
 from store.blobs import BlobStore
 from store.cache import BlockCache
 from store.index import RedisIndex
@@ -25,14 +27,23 @@ from tests.helpers import ServerThread, build_tiny_model
 
 REDIS_URL = os.environ.get("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
+pytest_plugins = ["tests.s3_fixtures", "tests.topology_fixtures"]
+
 
 @pytest.fixture
-def redis_client() -> redis.Redis:
-    client = redis.Redis.from_url(REDIS_URL)
+def redis_url() -> str:
+    """The Redis the test's cache uses: the shared server (a module may override this fixture
+    with ``tests.topology_fixtures.TOPOLOGIES`` to run on a Cluster and Sentinel too)."""
+    return REDIS_URL
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> redis.Redis:
+    client = connect.redis_client(redis_url, 5.0)
     try:
         client.ping()
-    except redis.RedisError as exc:
-        pytest.fail(f"tests need Redis at {REDIS_URL} (start redis-server): {exc}")
+    except connect.REDIS_ERRORS as exc:
+        pytest.fail(f"tests need Redis at {redis_url} (start redis-server): {exc}")
     return client
 
 
@@ -66,22 +77,25 @@ def default_model() -> LoadedModel:
 
 @pytest.fixture
 def make_cache(redis_client: redis.Redis, key_prefix: str, tmp_path: Path) -> Callable[..., BlockCache]:
-    """Build a BlockCache on the real Redis under this test's prefix and a temp blob dir, for a
-    model's K/V layout or a given ``KVSpec``."""
+    """Build a BlockCache on the real Redis under this test's prefix and a temp blob dir (or the
+    blob store given), for a model's K/V layout or a given ``KVSpec``."""
 
-    def make(layout: LoadedModel | KVSpec, ttl_s: int = 600, **options: Any) -> BlockCache:
+    def make(
+        layout: LoadedModel | KVSpec, ttl_s: int = 600, blobs: BlobBackend | None = None, **options: Any
+    ) -> BlockCache:
         spec = layout if isinstance(layout, KVSpec) else layout.kv_spec
         index = RedisIndex(redis_client, key_prefix)
-        return BlockCache(index, BlobStore(tmp_path / "blobs"), spec, ttl_s=ttl_s, **options)
+        blobs = blobs if blobs is not None else BlobStore(tmp_path / "blobs")
+        return BlockCache(index, blobs, spec, ttl_s=ttl_s, **options)
 
     return make
 
 
 @pytest.fixture
-def settings(key_prefix: str, tmp_path: Path) -> Settings:
-    """Settings of a test server: this test's key prefix and blob dir, the shared Redis."""
+def settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
+    """Settings of a test server: this test's Redis (``redis_url``), key prefix and blob dir."""
     return Settings(
-        redis_url=REDIS_URL, key_prefix=key_prefix, blob_dir=tmp_path / "blobs", cache_dir=tmp_path
+        redis_url=redis_url, key_prefix=key_prefix, blob_dir=tmp_path / "blobs", cache_dir=tmp_path
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import redis
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -16,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from proxy.auth import require_admin
 from proxy.errors import OpenAIError
 from proxy.state import CacheDep, EngineDep
+from store.connect import REDIS_ERRORS
 from store.interface import CacheAdmin
 
 router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
@@ -57,7 +57,7 @@ async def cache_clear(cache: CacheDep, body: ClearRequest | None = None) -> dict
     admin = _require_cache(cache)
     try:
         removed = await run_in_threadpool(admin.clear, body.namespace if body else None)
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise OpenAIError(
             503, f"Redis is unreachable: {exc}", type="server_error", code="cache_unavailable"
         ) from exc

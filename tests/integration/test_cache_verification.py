@@ -15,8 +15,15 @@ from safetensors.torch import save_file
 
 from hashing import block_hashes
 from tests.helpers import random_tokens
+from tests.topology_fixtures import TOPOLOGIES, topology_url
 
 PROMPT = random_tokens(3 * 128 + 20, seed=5)
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def redis_url(request) -> str:
+    """The index on one Redis, on a Redis Cluster and under Sentinel, in turn."""
+    return topology_url(request)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Cache lifecycle: sliding TTL, retention, whole-chain expiry, byte budget (LRU), garbage
-collection, administration. Real Redis, tiny model, real HTTP."""
+collection, administration. Real Redis, tiny model, real HTTP; each blob backend in turn."""
 
 from __future__ import annotations
 
@@ -8,12 +8,33 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from hashing import block_hashes
+from proxy.stores import open_blobs
 from tests.api import Api
 from tests.helpers import random_tokens
+from tests.s3_fixtures import BACKENDS, read_object, stored_names, write_object
+from tests.topology_fixtures import TOPOLOGIES, topology_url
 
 P = random_tokens(300, seed=61)  # 300 prompt + 8 generated tokens: two full blocks
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def redis_url(request) -> str:
+    """The index on one Redis, on a Redis Cluster and under Sentinel, in turn."""
+    return topology_url(request)
+
+
+@pytest.fixture(params=BACKENDS)
+def settings(settings, request):
+    """Blobs in the test's directory, then under ``s3://{a bucket of the test's own}/kvp``."""
+    if request.param == "file":
+        return settings
+    bucket = request.getfixturevalue("s3_bucket")
+    return settings.model_copy(
+        update={"blob_dir": None, "blob_url": f"s3://{bucket}/kvp", "max_cache_bytes": 10**9}
+    )
 
 
 def block_keys(redis_client, key_prefix):
@@ -21,7 +42,8 @@ def block_keys(redis_client, key_prefix):
 
 
 def files(settings):
-    return [p for p in settings.blob_root.rglob("*") if p.is_file()] if settings.blob_root.exists() else []
+    """Every object in the blob store, whatever its name."""
+    return stored_names(open_blobs(settings))
 
 
 def test_hits_slide_the_ttl_then_the_chain_expires_whole(
@@ -94,8 +116,8 @@ def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
     namespace = cached.engine.loaded.namespace("default")
     hb = block_hashes(b, namespace)
     assert cached.cache.stats().evicted_budget == 1
-    assert not (cached.cache.blobs.path(namespace, hb[1])).exists()
-    assert (cached.cache.blobs.path(namespace, hb[0])).exists()
+    assert not cached.cache.blobs.exists(namespace, hb[1])
+    assert cached.cache.blobs.exists(namespace, hb[0])
     assert cached.cache.index.total_bytes() <= 4 * block_size
     assert cached.cache.lookup(namespace, a, 2).num_blocks == 2
     cached.complete(c)  # C's second block: B's head goes next
@@ -109,12 +131,13 @@ def test_gc_removes_unindexed_blobs_after_the_grace_period_only(cached, settings
     """A stray blob (no entry) survives a collection while young and goes once older than grace."""
     cached.complete(P)
     cached.flush()
-    blob = next(settings.blob_root.rglob("*.safetensors"))
-    stray = blob.with_name("ff" * 16 + ".safetensors")
-    stray.write_bytes(blob.read_bytes())
-    assert cached.cache.gc(grace_s=60).unindexed_blobs == 0 and stray.exists()
+    blobs = open_blobs(settings)
+    blob = next(name for name in files(settings) if name.endswith(".safetensors"))
+    stray = blob.rsplit("/", 1)[0] + "/" + "ff" * 16 + ".safetensors"
+    write_object(blobs, stray, read_object(blobs, blob))
+    assert cached.cache.gc(grace_s=60).unindexed_blobs == 0 and stray in files(settings)
     time.sleep(0.2)
-    assert cached.cache.gc(grace_s=0.1).unindexed_blobs == 1 and not stray.exists()
+    assert cached.cache.gc(grace_s=0.1).unindexed_blobs == 1 and stray not in files(settings)
     assert cached.complete(P).cached_tokens == 256  # indexed blobs untouched
 
 
@@ -136,7 +159,7 @@ def test_admin_routes_need_the_admin_key(settings, tiny_model, serve):
 
 
 def test_cli_stats_gc_clear(cached, settings, key_prefix):
-    """`kvproxy cache stats|gc|clear` on the same Redis and blob directory."""
+    """`kvproxy cache stats|gc|clear` on the same Redis and blob store."""
     cached.complete(P)
     cached.flush()
     flags = [
@@ -144,8 +167,11 @@ def test_cli_stats_gc_clear(cached, settings, key_prefix):
         settings.redis_url,
         "--key-prefix",
         key_prefix,
-        "--blob-dir",
-        str(settings.blob_root),
+        *(
+            ["--blob-dir", str(settings.blob_root)]
+            if settings.blob_url is None
+            else ["--blob-url", settings.blob_url]
+        ),
     ]
 
     def cli(*args: str) -> str:

@@ -1,4 +1,5 @@
-"""Several processes: two `kvproxy serve` processes on one Redis and one blob directory."""
+"""Several processes: two `kvproxy serve` processes on one index (one Redis, a Redis Cluster,
+Sentinel) and one blob store (a directory, an S3 bucket)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,37 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL
+from store.blobs import FileBlobStore
 from tests.helpers import free_port, random_tokens
+from tests.topology_fixtures import TOPOLOGIES, topology_url
 
 
-def start(model_dir, port: int, key_prefix: str, blob_dir) -> subprocess.Popen:
-    env = os.environ | {
-        "KVPROXY_MODEL": str(model_dir),
-        "KVPROXY_PORT": str(port),
-        "KVPROXY_REDIS_URL": REDIS_URL,
-        "KVPROXY_KEY_PREFIX": key_prefix,
-        "KVPROXY_BLOB_DIR": str(blob_dir),
-        "KVPROXY_GC_INTERVAL": "0.3",
-        "KVPROXY_GC_GRACE": "5",
-    }
+def blob_env(blobs) -> dict[str, str]:
+    """The settings that point a `kvproxy serve` process at ``blobs`` (AWS_* come from the test's
+    environment)."""
+    if isinstance(blobs, FileBlobStore):
+        return {"KVPROXY_BLOB_DIR": str(blobs.root)}
+    return {"KVPROXY_BLOB_URL": blobs.url, "KVPROXY_MAX_CACHE_BYTES": "1GB"}
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def redis_url(request) -> str:
+    return topology_url(request)
+
+
+def start(model_dir, port: int, redis_url: str, key_prefix: str, blobs) -> subprocess.Popen:
+    env = (
+        os.environ
+        | blob_env(blobs)
+        | {
+            "KVPROXY_MODEL": str(model_dir),
+            "KVPROXY_PORT": str(port),
+            "KVPROXY_REDIS_URL": redis_url,
+            "KVPROXY_KEY_PREFIX": key_prefix,
+            "KVPROXY_GC_INTERVAL": "0.3",
+            "KVPROXY_GC_GRACE": "5",
+        }
+    )
     return subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "serve"],
         env=env,
@@ -52,10 +70,10 @@ def complete(url: str, model: str, prompt: list[int]) -> dict:
 
 
 @pytest.fixture
-def two_servers(tiny_model, key_prefix, tmp_path):
+def two_servers(tiny_model, redis_url, key_prefix, blob_store):
     model_dir = tiny_model.model.name_or_path
     ports = [free_port(), free_port()]
-    procs = [start(model_dir, p, key_prefix, tmp_path / "blobs") for p in ports]
+    procs = [start(model_dir, p, redis_url, key_prefix, blob_store) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for url in urls:
@@ -67,7 +85,7 @@ def two_servers(tiny_model, key_prefix, tmp_path):
             proc.wait(30)
 
 
-def test_two_processes_share_the_cache_and_add_up(two_servers, redis_client, key_prefix, tmp_path):
+def test_two_processes_share_the_cache_and_add_up(two_servers, redis_client, key_prefix, blob_store):
     """A prefix stored by one is a hit on the other; with both writing the same blocks and both
     collecting garbage every 0.3 s, no indexed blob is ever lost; their stats add up."""
     (a, b), model = two_servers
@@ -86,7 +104,7 @@ def test_two_processes_share_the_cache_and_add_up(two_servers, redis_client, key
     time.sleep(1.0)  # both collectors run a few more times
 
     entries = {k.decode().rsplit(":", 1)[-1] for k in redis_client.scan_iter(match=f"{key_prefix}*:b:*")}
-    blobs = {p.stem for p in (tmp_path / "blobs").rglob("*.safetensors")}
+    blobs = {b.block_hash.hex() for b in blob_store.scan() if b.block_hash is not None}
     assert entries and entries <= blobs  # every entry's blob is there
 
     sent_prompt_tokens = sum(r["usage"]["prompt_tokens"] for r in results)

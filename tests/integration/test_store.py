@@ -1,17 +1,35 @@
-"""store/ against a real Redis: save, then lookup finds, loads and verifies the chain."""
+"""store/ against a real Redis (one server, a Cluster, Sentinel), on each blob backend (a
+directory, an S3 bucket): save, then lookup finds, loads and verifies the chain."""
 
 from __future__ import annotations
 
+from functools import partial
+
+import pytest
 import redis
 import torch
 
-from hashing import BLOCK_SIZE, block_hashes
-from store.blobs import BlobStore
+from hashing import BLOCK_SIZE, BlockHash, block_hashes, namespace_digest
 from store.cache import BlockCache
+from store.entries import member_name, new_entry
 from store.index import RedisIndex
 from tests.helpers import NS, SPEC, kv
+from tests.s3_fixtures import read_object, stored_names, write_object
+from tests.topology_fixtures import TOPOLOGIES, topology_url
 
 IDS = list(range(3 * BLOCK_SIZE + 10))
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def redis_url(request) -> str:
+    """The index on one Redis, on a Redis Cluster and under Sentinel, in turn."""
+    return topology_url(request)
+
+
+@pytest.fixture
+def make_cache(make_cache, blob_store):
+    """Every cache of this module on each blob backend in turn."""
+    return partial(make_cache, blobs=blob_store)
 
 
 def test_saved_blocks_come_back_verified_in_order(make_cache, redis_client, key_prefix, tmp_path) -> None:
@@ -40,15 +58,12 @@ def test_index_entries_carry_a_ttl_and_only_metadata(make_cache, redis_client, k
 
 
 def test_blob_files_are_where_the_design_says(make_cache, redis_client, key_prefix, tmp_path) -> None:
-    """{blob_dir}/{ns}/{hash[:2]}/{hash}.safetensors, and no temporary file left behind."""
+    """{blob root}/{ns}/{hash[:2]}/{hash}.safetensors, and no temporary file left behind."""
     cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(1))
     assert cache.flush(30)
     h = block_hashes(IDS, NS)[0].hex()
-    root = tmp_path / "blobs"
-    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
-        f"{NS.hex()}/{h[:2]}/{h}.safetensors"
-    ]
+    assert stored_names(cache.blobs) == [f"{NS.hex()}/{h[:2]}/{h}.safetensors"]
 
 
 def test_lookup_stops_at_the_first_missing_block(make_cache, redis_client, key_prefix, tmp_path) -> None:
@@ -69,8 +84,8 @@ def test_a_corrupt_blob_ends_the_prefix_and_drops_its_entry(
     cache.save(NS, IDS, 0, *kv(3))
     assert cache.flush(30)
     hashes = block_hashes(IDS, NS)
-    blob = cache.blobs.path(NS, hashes[1])
-    blob.write_bytes(blob.read_bytes()[:1000])
+    blob = cache.blobs.name(NS, hashes[1])
+    write_object(cache.blobs, blob, read_object(cache.blobs, blob)[:1000])
     assert cache.lookup(NS, IDS, max_blocks=3).num_blocks == 1
     assert not redis_client.exists(cache.index.block_key(NS, hashes[1]))
     assert cache.stats().verification_failures == 1
@@ -88,12 +103,30 @@ def test_other_tokens_under_a_cached_prefix_miss_after_it(
     assert cache.lookup(NS, IDS, max_blocks=2).num_blocks == 2  # max_blocks caps the match
 
 
-def test_unreachable_redis_is_a_miss_not_an_error(tmp_path) -> None:
+def test_unreachable_redis_is_a_miss_not_an_error(blob_store) -> None:
     """Redis down: lookup returns nothing, save writes nothing, health is degraded."""
     client = redis.Redis(host="127.0.0.1", port=1, socket_timeout=0.2, socket_connect_timeout=0.2)
-    cache = BlockCache(RedisIndex(client, "kvptest:"), BlobStore(tmp_path), SPEC, ttl_s=60)
+    cache = BlockCache(RedisIndex(client, "kvptest:"), blob_store, SPEC, ttl_s=60)
     assert cache.lookup(NS, IDS, max_blocks=3).num_blocks == 0
     cache.save(NS, IDS, 0, *kv(1))
     assert cache.flush(30)
     assert cache.health() == "degraded"
-    assert not list(tmp_path.rglob("*.safetensors"))
+    assert stored_names(blob_store) == []
+
+
+def test_the_byte_budget_is_global_over_namespaces(redis_client, key_prefix) -> None:
+    """Namespaces live on their own slots (nodes, on a cluster), yet the budget counts them all
+    and evicts the least recently used blocks first, whichever namespace holds them."""
+    index = RedisIndex(redis_client, key_prefix)
+    spaces = [namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant=t) for t in ("a", "b", "c")]
+    order = []  # (namespace, hash) in order of use: oldest first
+    for step in range(6):
+        ns, h = spaces[step % 3], BlockHash(bytes([step]) * 16)
+        index.publish(ns, h, None, 0, new_entry(f"x/{step}", 100, None), 600, used_at=1000.0 + step)
+        order.append(member_name(ns, h))
+    assert index.total_bytes() == 600 and index.num_blocks() == 6
+    assert index.evict(350) == order[:3]
+    assert index.total_bytes() == 300 and sorted(m for batch in index.members() for m in batch) == sorted(
+        order[3:]
+    )
+    assert index.evict(1000) == []

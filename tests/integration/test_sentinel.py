@@ -1,0 +1,54 @@
+"""kvproxy under Redis Sentinel: the master is SIGKILLed during a steady stream of requests;
+every request is answered 200 (misses allowed) and hits resume on the promoted replica by
+themselves. The lifecycle and store suites also run under Sentinel (``TOPOLOGIES``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from proxy.app import create_app
+from tests.api import Api
+from tests.helpers import ServerThread, random_tokens
+from tests.topologies import LocalSentinel
+
+PROMPT = random_tokens(300, seed=81)  # two full blocks
+
+
+def test_a_failover_answers_every_request_and_caching_resumes(settings, tiny_model) -> None:
+    sentinel = LocalSentinel().start()
+    results: list[tuple[float, int, int]] = []  # (time, status, cached tokens)
+    stop = threading.Event()
+    try:
+        on_sentinel = settings.model_copy(update={"redis_url": sentinel.url, "redis_retry": 0.5})
+        with ServerThread(create_app(on_sentinel, tiny_model)) as server:
+            api = Api(server)
+            api.complete(PROMPT)
+            api.flush()
+
+            def steady() -> None:
+                while not stop.is_set():
+                    r = api.complete(PROMPT, max_tokens=2)
+                    results.append((time.monotonic(), r.status, r.cached_tokens))
+
+            client = threading.Thread(target=steady)
+            client.start()
+            time.sleep(1.0)
+            old = sentinel.master()
+            sentinel.kill(old)
+            killed = time.monotonic()
+            while sentinel.master() == old:
+                assert time.monotonic() - killed < 30, "no promotion within 30 s"
+                time.sleep(0.1)
+            promoted = time.monotonic()
+            try:
+                while not [t for t, _, cached in results if t > promoted + 0.5 and cached == 256]:
+                    assert time.monotonic() - promoted < 30, "no hit within 30 s of the promotion"
+                    time.sleep(0.2)
+            finally:
+                stop.set()
+                client.join(60)
+    finally:
+        sentinel.stop()
+    assert [status for _, status, _ in results if status != 200] == []
+    assert any(t < killed and cached == 256 for t, _, cached in results)
