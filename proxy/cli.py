@@ -203,7 +203,11 @@ def cache() -> None:
 @cache_options
 def cache_stats(**flags: Any) -> None:
     """Deployment-wide counters, blocks and bytes, as JSON."""
-    click.echo(json.dumps(open_admin(**flags).deployment_stats(), indent=2, sort_keys=True))
+    stats = open_admin(**flags).deployment_stats()
+    if stats is None:  # NOTE: Redis answered the ping but not the counters (a cluster node is down)
+        click.echo("kvproxy: the deployment's counters could not be read from Redis", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(stats, indent=2, sort_keys=True))
 
 
 @cache.command("gc")

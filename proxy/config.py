@@ -12,7 +12,7 @@ from urllib.request import url2pathname
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store.connect import SCHEMES
+from store.connect import SCHEMES, check_url
 
 _UNITS = {
     "": 1,
@@ -89,6 +89,7 @@ class ServerSettings(BaseSettings):
             raise ValueError(
                 f"the scheme must be one of {', '.join(s + '://' for s in (*SCHEMES, 'memory'))}"
             )
+        check_url(url)  # NOTE: a RedisURLError is a ValueError: pydantic reports it as this field's
         return url
 
 

@@ -88,10 +88,17 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     """The serving prefix cache described by ``settings``, its garbage collector started. Never
     fails on an unreachable Redis: the cache starts degraded (serving misses) and resumes on its
     own when Redis answers."""
-    budget = blob_budget(settings)
+    budget, blobs = blob_budget(settings), open_blobs(settings)
+    if isinstance(blobs, S3BlobStore):
+        try:
+            blobs.check()
+        except OSError as exc:
+            log.warning(
+                "blob store %s is unreachable (%s): every save fails until it answers", blobs.url, exc
+            )
     cache = BlockCache(
         open_index(settings),
-        open_blobs(settings),
+        blobs,
         spec,
         ttl_s=settings.ttl,
         max_bytes=budget,

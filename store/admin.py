@@ -42,6 +42,9 @@ class StoreAdmin:
         self.counters = index.shared_counters()
         self.recorder = StatsRecorder()
         self.guard = Guard(breaker_cooldown_s, self.recorder)
+        # NOTE: the deployment-wide counters have a breaker of their own: on a Redis Cluster they
+        # may live on another node than a namespace's blocks, whose lookups must not stop with them.
+        self.stats_guard = Guard(breaker_cooldown_s, self.recorder)
         self._collector: GarbageCollector | None = None
 
     def health(self) -> CacheHealth:
@@ -59,10 +62,10 @@ class StoreAdmin:
         return self.guard.redis("stats", lambda: (self.index.num_blocks(), self.index.total_bytes()))
 
     def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
-        return self.guard.redis("stats", report.deployment_stats, self.counters, self.index, namespace)
+        return self.stats_guard.redis("stats", report.deployment_stats, self.counters, self.index, namespace)
 
     def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
-        return self.guard.redis("stats", report.timeline, self.counters, namespace, minutes)
+        return self.stats_guard.redis("stats", report.timeline, self.counters, namespace, minutes)
 
     def divergence(
         self, namespace: Namespace, token_ids: Sequence[int], block: int
@@ -90,7 +93,7 @@ class StoreAdmin:
     def share(self, namespace: Namespace | None = None, **counts: int) -> None:
         """Add to the deployment-wide counters (and the namespace's) now."""
         scope = namespace.hex() if namespace is not None else None
-        self.guard.redis("stats", self.counters.add, scope, counts)
+        self.stats_guard.redis("stats", self.counters.add, scope, counts)
 
     def start_gc(self, interval_s: float) -> None:
         """Collect garbage every ``interval_s`` seconds on a daemon thread (until ``close``)."""

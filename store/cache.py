@@ -66,7 +66,7 @@ class BlockCache(StoreAdmin):
         common = (index, blobs, self.ram)
         self.writer = BlockWriter(
             *common,
-            self.counters,
+            (self.counters, self.stats_guard),
             spec,
             self.guard,
             self.recorder,

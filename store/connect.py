@@ -29,6 +29,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.connection import Encoder
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -67,12 +69,7 @@ def redis_client(url: str, timeout_s: float) -> redis.Redis:
     scheme = urlsplit(url).scheme
     if scheme in CLUSTER_SCHEMES:
         nodes, _, options = _parse(url, tls=scheme.startswith("rediss"))
-        cluster = RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in nodes],  # type: ignore[no-untyped-call]
-            **common,
-            **options,
-        )
-        return cluster  # type: ignore[return-value]
+        return LazyCluster(nodes, common | options)  # type: ignore[return-value]
     if scheme in SENTINEL_SCHEMES:
         nodes, path, options = _parse(url, tls=scheme.startswith("rediss"))
         service, db = _service(path)
@@ -89,9 +86,44 @@ def redis_client(url: str, timeout_s: float) -> redis.Redis:
     if scheme in SCHEMES:
         return redis.Redis.from_url(url, **common)
     raise RedisURLError(
-        f"--redis-url {url!r}: the scheme must be redis://, rediss://, unix://, redis+cluster:// or "
-        "redis+sentinel://"
+        f"{url!r}: the scheme must be redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://"
     )
+
+
+def check_url(url: str) -> None:
+    """Raises ``RedisURLError`` for a cluster or sentinel URL that cannot work (no host:port, no
+    service name, an unknown option), without connecting."""
+    scheme = urlsplit(url).scheme
+    if scheme in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
+        _, path, _ = _parse(url, tls=False)
+        if scheme in SENTINEL_SCHEMES:
+            _service(path)
+
+
+class LazyCluster:
+    """A ``RedisCluster`` made on first use, and again after a failed attempt: redis-py's cluster
+    client connects as it is made, and an unreachable cluster at start must be a cache miss (the
+    caller's breaker), not a server that cannot start. Scripts register without connecting."""
+
+    def __init__(self, nodes: list[tuple[str, int]], options: dict[str, Any]) -> None:
+        self._nodes, self._options = nodes, options
+        self._client: RedisCluster | None = None
+
+    def _real(self) -> RedisCluster:
+        if self._client is None:
+            startup = [ClusterNode(host, port) for host, port in self._nodes]  # type: ignore[no-untyped-call]
+            self._client = RedisCluster(startup_nodes=startup, **self._options)
+        return self._client
+
+    def get_encoder(self) -> Encoder:
+        """The encoder ``Script`` hashes a script's text with (redis-py's default)."""
+        return Encoder("utf-8", "strict", False)  # type: ignore[no-untyped-call]
+
+    def register_script(self, script: str) -> Script:
+        return Script(self, script)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real(), name)
 
 
 def _parse(url: str, *, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
@@ -106,7 +138,7 @@ def _parse(url: str, *, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str
     for item in hosts.split(","):
         host, _, port = item.strip().rpartition(":")
         if not host or not port.isdigit():
-            raise RedisURLError(f"--redis-url {url!r}: {item!r} is not host:port")
+            raise RedisURLError(f"{url!r}: {item!r} is not host:port")
         nodes.append((host.strip("[]"), int(port)))
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name in _BOOL_OPTIONS:
@@ -114,7 +146,7 @@ def _parse(url: str, *, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str
         elif name in _TEXT_OPTIONS | _SENTINEL_OPTIONS:
             options[name] = value
         else:
-            raise RedisURLError(f"--redis-url {url!r}: unknown option {name!r}")
+            raise RedisURLError(f"{url!r}: unknown option {name!r}")
     return nodes, parts.path, {k: v for k, v in options.items() if v is not None}
 
 

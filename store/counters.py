@@ -1,9 +1,10 @@
 """Deployment-wide counters in Redis, so several proxy processes add up.
 
-Keys (under ``key_prefix``): ``stats`` and ``stats:{namespace_hex}`` hold totals (tokens queried
-and hit, blocks saved and evicted, ...); ``tok:{scope}:{t}`` holds the tokens queried (``q``) and
-hit (``h``) during the 10-second bucket ``t`` (Unix time // 10), for one hour, where ``scope``
-is ``all`` or a namespace. Windows and timelines are sums of buckets: one round trip each.
+Keys (under ``key_prefix``): ``stats`` holds the deployment's totals (tokens queried and hit,
+blocks saved and evicted, ...) and ``tok:all:{t}`` the tokens queried (``q``) and hit (``h``)
+during the 10-second bucket ``t`` (Unix time // 10), for one hour; a namespace's are
+``{ns}:stats`` and ``{ns}:tok:{t}``, hash-tagged like its blocks (``store.keys``), so they live
+on its node of a Redis Cluster. Windows and timelines are sums of buckets: one round trip each.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ class SharedCounters:
         self.client, self.key_prefix = client, key_prefix
 
     def _totals_key(self, scope: str | None) -> str:
-        return f"{self.key_prefix}stats" + (f":{scope}" if scope else "")
+        return f"{self.key_prefix}{{{scope}}}:stats" if scope else f"{self.key_prefix}stats"
 
     def _bucket_key(self, scope: str | None, bucket: int) -> str:
-        return f"{self.key_prefix}tok:{scope or 'all'}:{bucket}"
+        return f"{self.key_prefix}{{{scope}}}:tok:{bucket}" if scope else f"{self.key_prefix}tok:all:{bucket}"
 
     def add(self, namespace_hex: str | None, counts: dict[str, int]) -> None:
         """Add ``counts`` to the totals of the deployment and of ``namespace_hex``; the

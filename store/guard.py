@@ -8,6 +8,7 @@ once; while the breaker is open nobody waits on Redis (a miss costs nothing).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -25,6 +26,11 @@ WARN_EVERY_S = 60.0
 class Guard:
     """A circuit breaker for the Redis index plus rate-limited warnings.
 
+    Operations on one namespace's keys (a lookup, a publish) go through a breaker of that
+    namespace (``scope``): on a Redis Cluster a namespace lives on one node, and a node that goes
+    away must not stop the lookups of namespaces on the others. Everything else (eviction, the
+    collector, health) goes through the breaker of the whole index.
+
     Args:
         cooldown_s: how long to skip Redis after it failed.
         stats: where Redis failures are counted (``redis_errors``).
@@ -33,38 +39,52 @@ class Guard:
     def __init__(self, cooldown_s: float, stats: StatsRecorder) -> None:
         self.breaker = CircuitBreaker(cooldown_s)
         self.stats = stats
+        self._scoped: dict[str, CircuitBreaker] = {}
+        self._lock = threading.Lock()
         self._last_warning: dict[str, float] = {}
 
     def allow(self) -> bool:
-        """Whether Redis may be tried now."""
+        """Whether Redis may be tried now (the whole index's breaker)."""
         return self.breaker.allow()
 
-    def redis(self, operation: str, fn: Callable[..., T], *args: object) -> T | None:
-        """``fn(*args)``, or None when the breaker is open or Redis fails (which opens it)."""
-        if not self.breaker.allow():
+    def redis(
+        self, operation: str, fn: Callable[..., T], *args: object, scope: str | None = None
+    ) -> T | None:
+        """``fn(*args)``, or None when the breaker (of ``scope``, a namespace, or of the whole
+        index) is open or Redis fails (which opens it)."""
+        breaker = self._breaker(scope)
+        if not breaker.allow():
             return None
         try:
             result = fn(*args)
         except REDIS_ERRORS as exc:
-            self.failed(operation, exc)
+            self.failed(operation, exc, breaker)
             return None
-        self.succeeded()
+        self.succeeded(breaker)
         return result
 
-    def failed(self, operation: str, exc: Exception) -> None:
-        """Count a Redis failure and open the breaker (logged when it opens)."""
+    def _breaker(self, scope: str | None) -> CircuitBreaker:
+        if scope is None:
+            return self.breaker
+        with self._lock:
+            return self._scoped.setdefault(scope, CircuitBreaker(self.breaker.cooldown_s))
+
+    def failed(self, operation: str, exc: Exception, breaker: CircuitBreaker | None = None) -> None:
+        """Count a Redis failure and open the breaker (logged when it opens, once a minute at
+        most)."""
         self.stats.add(redis_errors=1)
-        if self.breaker.failure():
-            log.warning(
+        if (breaker or self.breaker).failure():
+            self.warn(
+                "redis",
                 "Redis index unreachable during %s (%s): serving uncached; caching resumes on its "
                 "own when Redis answers. Start Redis or set KVPROXY_REDIS_URL.",
                 operation,
                 exc,
             )
 
-    def succeeded(self) -> None:
-        """Close the breaker after a successful call (logged when it was open)."""
-        if self.breaker.success():
+    def succeeded(self, breaker: CircuitBreaker | None = None) -> None:
+        """Close the breaker after a successful call (logged when the whole index's was open)."""
+        if (breaker or self.breaker).success() and breaker in (None, self.breaker):
             log.info("Redis index answers again: caching resumed")
 
     def warn(self, kind: str, message: str, *args: object) -> None:

@@ -14,7 +14,8 @@ the cluster's nodes. A block's *member* name is ``{ns_hex}:b:{hash_hex}`` (no br
                                  block never seen from one on a block that expired or was evicted
     ``{prefix}{{ns}}:c:{parent_hex or "root"}``  set of child hashes, to find where a prompt diverged
     ``{prefix}namespaces``       set of every namespace that ever published (for the global totals)
-    (``store.counters`` keeps the deployment-wide counters under ``{prefix}stats`` and ``{prefix}tok:``)
+    (``store.counters`` keeps a namespace's counters under ``{prefix}{{ns}}:stats`` and ``:tok:``,
+    the deployment's under ``{prefix}stats`` and ``{prefix}tok:all:``)
 
 What is global sums over namespaces: the bytes held (the byte budget) and the block count are the
 sums of every namespace's counters, read in one pipelined round trip per node; eviction takes the

@@ -116,7 +116,7 @@ class PrefixLookup:
         if not hashes:
             return PrefixMatch([])
         ttls = block_ttls(ttl_s, len(hashes), self.ttl_s)
-        found = self.guard.redis("match", self.index.match, namespace, hashes, ttls)
+        found = self.guard.redis("match", self.index.match, namespace, hashes, ttls, scope=namespace.hex())
         if found is None:
             return PrefixMatch([], MissReason.UNAVAILABLE)
         entries, seen = found
@@ -185,7 +185,7 @@ class PrefixLookup:
         """Remove a block that cannot be served: its RAM copy, its index entry, then its blob (so
         the next save writes it afresh)."""
         self.ram.drop(namespace, block_hash)
-        self.guard.redis("drop", self.index.drop, namespace, block_hash)
+        self.guard.redis("drop", self.index.drop, namespace, block_hash, scope=namespace.hex())
         try:
             self.blobs.delete(namespace, block_hash)
         except OSError as exc:

@@ -74,6 +74,13 @@ class S3BlobStore:
         self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"
 
+    def check(self) -> None:
+        """Raises ``OSError`` when the bucket does not exist or cannot be reached (one HEAD)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except (ClientError, BotoCoreError) as exc:
+            raise _failure("head_bucket", self.bucket, exc) from exc
+
     def name(self, namespace: Namespace, block_hash: BlockHash) -> str:
         """Where a block's blob lives, relative to the prefix (what the index records)."""
         return blob_name(namespace, block_hash)

@@ -68,6 +68,8 @@ class BlockWriter:
     """The background writer (see the module docstring).
 
     Args:
+        counters: the deployment-wide counters and the breaker of their own they are written
+            through (``StoreAdmin.stats_guard``).
         max_bytes: budget of the blob store in bytes (None: no budget); checked after every
             publish, so it is exceeded by at most one block per concurrent writer.
         max_jobs: bound of the queue; beyond it saves are dropped and counted, so a slow disk
@@ -79,7 +81,7 @@ class BlockWriter:
         index: BlockIndex,
         blobs: BlobBackend,
         ram: RamTier,
-        counters: Counters,
+        counters: tuple[Counters, Guard],
         spec: KVSpec,
         guard: Guard,
         stats: StatsRecorder,
@@ -87,7 +89,8 @@ class BlockWriter:
         max_bytes: int | None,
         max_jobs: int,
     ) -> None:
-        self.index, self.blobs, self.ram, self.counters = index, blobs, ram, counters
+        self.index, self.blobs, self.ram = index, blobs, ram
+        self.counters, self.stats_guard = counters
         self.spec, self.guard, self.stats = spec, guard, stats
         self.max_bytes = max_bytes
         self.pending = PendingBlocks()
@@ -124,9 +127,9 @@ class BlockWriter:
 
     def share(self, namespace: Namespace | None = None, **counts: int) -> None:
         """Add to the deployment-wide counters (and the namespace's) in the background."""
-        if self.guard.allow():
+        if self.stats_guard.allow():
             scope = namespace.hex() if namespace is not None else None
-            self.enqueue(lambda: self.guard.redis("stats", self.counters.add, scope, counts))
+            self.enqueue(lambda: self.stats_guard.redis("stats", self.counters.add, scope, counts))
 
     def enqueue(self, job: Callable[[], None]) -> bool:
         """Run ``job`` on the writer thread; False when the queue is full (nothing queued)."""
@@ -180,7 +183,8 @@ class BlockWriter:
         """Write each block's blob, then its index entry (never the reverse); keep it in RAM."""
         # NOTE: a blob that cannot be indexed is never written
         hashes = [b.block_hash for b in job.blocks]
-        missing = self.guard.redis("exists", self.index.missing, job.namespace, hashes)
+        scope = job.namespace.hex()
+        missing = self.guard.redis("exists", self.index.missing, job.namespace, hashes, scope=scope)
         if missing is None:
             return
         parent = job.parent
@@ -203,7 +207,7 @@ class BlockWriter:
                 return
             entry = new_entry(self.blobs.name(job.namespace, block.block_hash), len(data), block_parent)
             args = (job.namespace, block.block_hash, block_parent, block.index, entry, ttl_s, job.created)
-            total = self.guard.redis("publish", self.index.publish, *args)
+            total = self.guard.redis("publish", self.index.publish, *args, scope=scope)
             if total is None:
                 return
             self.ram.put(job.namespace, block)

@@ -44,17 +44,24 @@ def test_two_processes_share_hits_with_identical_output(settings, tiny_model, se
     assert warm.key == cold.key == again.key
 
 
-def test_a_namespace_stays_on_one_node_and_tenants_spread(settings, tiny_model, redis_cluster, redis_client):
-    """Each tenant's keys share one hash slot; two tenants whose namespaces hash to different
-    nodes are served from those two nodes."""
+def two_tenants_on_two_nodes(cluster: LocalCluster, model) -> tuple[str, str]:
+    """Two tenant names whose namespaces hash to slots on different nodes."""
     by_node: dict[int, str] = {}
-    for i in range(64):  # tenants whose namespaces land on different nodes
+    for i in range(64):
         tenant = f"team-{i}"
-        node = redis_cluster.node_of("{" + tiny_model.namespace(tenant).hex() + "}")
-        by_node.setdefault(node, tenant)
+        by_node.setdefault(cluster.node_of("{" + model.namespace(tenant).hex() + "}"), tenant)
         if len(by_node) == 2:
             break
-    keys = {f"key-{t}": t for t in by_node.values()}
+    first, second = by_node.values()
+    return first, second
+
+
+def test_a_namespace_stays_on_one_node_and_tenants_spread(settings, tiny_model, redis_cluster, redis_client):
+    """Each tenant's keys (blocks, accounts, counters) share one hash slot; two tenants whose
+    namespaces hash to different nodes are served from those two nodes."""
+    tenants = two_tenants_on_two_nodes(redis_cluster, tiny_model)
+    by_node = {redis_cluster.node_of("{" + tiny_model.namespace(t).hex() + "}"): t for t in tenants}
+    keys = {f"key-{t}": t for t in tenants}
     api_keys = ",".join(f"{k}={t}" for k, t in keys.items())
     with ServerThread(create_app(settings.model_copy(update={"api_keys": api_keys}), tiny_model)) as server:
         for key in keys:
@@ -73,18 +80,34 @@ def test_a_namespace_stays_on_one_node_and_tenants_spread(settings, tiny_model, 
 
 
 def test_a_node_that_goes_away_makes_its_lookups_misses(settings, tiny_model, tmp_path) -> None:
-    """A private cluster loses the master holding the prompt's namespace: requests still answer
-    200 (misses, nothing cached), the same as before."""
+    """A private cluster loses the master holding one tenant's namespace: that tenant's requests
+    still answer 200 (misses, the same tokens), while another tenant, on a node still up, keeps
+    hitting request after request (nothing global stops its lookups)."""
     cluster = LocalCluster().start()
     try:
-        on_cluster = settings.model_copy(update={"redis_url": cluster.url, "redis_retry": 0.5})
-        with ServerThread(create_app(on_cluster, tiny_model)) as server:
-            first = complete(server, PROMPT)
+        lost, kept = two_tenants_on_two_nodes(cluster, tiny_model)
+        api_keys = f"key-lost={lost},key-kept={kept}"
+        update = {"redis_url": cluster.url, "redis_retry": 0.5, "api_keys": api_keys}
+        with ServerThread(create_app(settings.model_copy(update=update), tiny_model)) as server:
+            first = {key: complete(server, PROMPT, key) for key in ("key-lost", "key-kept")}
             server.app.state.cache.flush(60)
-            assert complete(server, PROMPT)["usage"]["prompt_tokens_details"]["cached_tokens"] == 512
-            cluster.kill(cluster.node_of("{" + tiny_model.namespace("default").hex() + "}"))
-            after = [complete(server, PROMPT) for _ in range(3)]
+            cluster.kill(cluster.node_of("{" + tiny_model.namespace(lost).hex() + "}"))
+            after = {key: [complete(server, PROMPT, key) for _ in range(3)] for key in first}
     finally:
         cluster.stop()
-    assert all(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for r in after)
-    assert all(r["choices"][0]["token_ids"] == first["choices"][0]["token_ids"] for r in after)
+    cached = {
+        k: [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in rs] for k, rs in after.items()
+    }
+    assert cached == {"key-lost": [0, 0, 0], "key-kept": [512, 512, 512]}
+    for key, results in after.items():
+        assert all(r["choices"][0]["token_ids"] == first[key]["choices"][0]["token_ids"] for r in results)
+
+
+def test_an_unreachable_cluster_at_start_is_a_miss_not_a_crash(settings, tiny_model) -> None:
+    """redis-py's cluster client connects as it is made; kvproxy makes it on first use, so a
+    server started while no node answers serves uncached and says so."""
+    nowhere = settings.model_copy(update={"redis_url": "redis+cluster://127.0.0.1:1", "redis_retry": 0.5})
+    with ServerThread(create_app(nowhere, tiny_model)) as server:
+        answer = complete(server, PROMPT)
+        health = httpx.get(f"{server.base_url}/health").json()
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and health["cache"] == "degraded"
