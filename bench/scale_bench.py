@@ -18,6 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import boto3
 import redis
@@ -77,7 +78,7 @@ def main() -> None:
     prompt = [random.Random(0).randrange(100, 40000) for _ in range(2048)]
     cluster, s3 = LocalCluster().start(), LocalS3().start()
     try:
-        one = [int(args.redis_url.rsplit(":", 1)[1].split("/")[0])]
+        one = [urlsplit(args.redis_url).port or 6379]
         lookups = {
             "one Redis": measure(work, "l1", prompt, one, "--redis-url", args.redis_url),
             "Redis Cluster (3 masters)": measure(

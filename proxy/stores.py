@@ -89,13 +89,10 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     fails on an unreachable Redis: the cache starts degraded (serving misses) and resumes on its
     own when Redis answers."""
     budget, blobs = blob_budget(settings), open_blobs(settings)
-    if isinstance(blobs, S3BlobStore):
-        try:
-            blobs.check()
-        except OSError as exc:
-            log.warning(
-                "blob store %s is unreachable (%s): every save fails until it answers", blobs.url, exc
-            )
+    try:
+        blobs.check()
+    except OSError as exc:
+        log.warning("blob store %s is unreachable (%s): every save fails until it answers", blobs.url, exc)
     cache = BlockCache(
         open_index(settings),
         blobs,

@@ -132,6 +132,11 @@ class BlobBackend(Protocol):
         """
         ...
 
+    def check(self) -> None:
+        """Raises ``OSError`` when the store cannot be reached at all (checked once at start, to
+        warn early; a directory is made on first write, so only a bucket can fail here)."""
+        ...
+
     def used_bytes(self) -> int:
         """Bytes of every object under the root (one full ``scan``).
 

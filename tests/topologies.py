@@ -6,6 +6,7 @@ S3-compatible server (moto's standalone server). Used by the tests' fixtures
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 import subprocess
@@ -127,12 +128,13 @@ class LocalCluster(_Servers):
             )
         return self
 
+    @functools.cached_property
     def client(self) -> RedisCluster:
         return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports])
 
     def node_of(self, key: str) -> int:
         """The port of the master serving ``key``'s slot."""
-        return int(self.client().get_node_from_key(key).port)
+        return int(self.client.get_node_from_key(key).port)
 
 
 class LocalSentinel(_Servers):

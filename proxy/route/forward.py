@@ -62,13 +62,11 @@ async def forward(router: Router, request: Request, kind: str, raw: bytes, tenan
     if not isinstance(body.get("model", ""), str):
         raise OpenAIError(400, "model: must be a string", param="model")
     stream = body.get("stream") is True
-    options = body.get("stream_options")
+    options = body.get("stream_options") or {}
     # NOTE: stream_options that are not an object pass through for the replica to refuse.
-    wants_usage = (
-        not stream or not isinstance(options or {}, dict) or bool((options or {}).get("include_usage"))
-    )
+    wants_usage = not stream or not isinstance(options, dict) or bool(options.get("include_usage"))
     if not wants_usage:
-        raw = json.dumps(body | {"stream_options": (options or {}) | {"include_usage": True}}).encode()
+        raw = json.dumps(body | {"stream_options": options | {"include_usage": True}}).encode()
     key = await asyncio.to_thread(router.identity.prompt, kind, body, tenant)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
     headers["accept-encoding"] = "identity"  # SSE bytes pass through as they are
