@@ -1,6 +1,14 @@
-"""Send a little mixed traffic to a running kvproxy, then screenshot its dashboard.
+"""Send a mixed chat workload to a running kvproxy, then screenshot its dashboard.
 
     python -m bench.dashboard_screenshot --url http://127.0.0.1:8000 --out docs/dashboard.png
+    python -m bench.dashboard_screenshot --api-keys key-a,key-b --key ADMIN_KEY  # with API keys on
+
+The workload gives every chart and table something to show, in about two minutes on the default
+model and two CPU cores: conversations sharing a long system prompt (one miss, then hits),
+the same prompt cut to a half and a quarter (shorter cached prefixes), a conversation growing
+turn by turn (longer ones), an edited system prompt (a partial hit) and short one-off prompts
+(misses). With ``--api-keys`` the conversations are spread over those tenants; ``--key`` is the
+key the page reads ``/stats`` with (the admin key: every tenant, prompt text withheld).
 
 Needs headless Chromium (Debian: apt-get install chromium).
 """
@@ -10,9 +18,35 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import time
 
 from bench.client import Client
 from bench.shared_prefix import QUESTIONS, SYSTEM
+
+QUESTIONS_MORE = [*QUESTIONS, "Name one function of the last module.", "What does the second module do?"]
+ONE_OFF = ["Hi!", "What is the capital of France?", "Name one sorting algorithm.", "Count to five."]
+
+
+def conversations(system: str) -> list[list[list[dict[str, str]]]]:
+    """Groups of chats around the system prompt ``system``, each group one tenant's: a chat is
+    its list of messages."""
+
+    def chat(system: str, question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+    half, quarter = system[: len(system) // 2], system[: len(system) // 4]
+    edited = system[: len(system) // 2] + " (edited) " + system[len(system) // 2 :]
+    turns = chat(quarter, QUESTIONS[0])
+    growing = [turns]
+    for question in QUESTIONS_MORE[1:]:
+        turns = [*turns, {"role": "assistant", "content": "I will answer briefly."}]
+        turns = [*turns, {"role": "user", "content": question}]
+        growing.append(turns)
+    return [
+        [chat(system, q) for q in QUESTIONS_MORE] + [chat(half, q) for q in QUESTIONS],
+        growing + [chat(edited, q) for q in QUESTIONS],
+        [[{"role": "user", "content": q}] for q in ONE_OFF] + [chat(system, QUESTIONS[0])],
+    ]
 
 
 def main() -> None:
@@ -22,16 +56,34 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--out", default="docs/dashboard.png")
+    parser.add_argument("--api-keys", default="", help="comma-separated keys to send the traffic with")
+    parser.add_argument("--key", default=None, help="the key the dashboard reads /stats with (#key=)")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2, help="times the workload is sent")
+    parser.add_argument(
+        "--system-chars", type=int, default=None, help="cut the system prompt (a model of a short context)"
+    )
+    parser.add_argument(
+        "--wait", type=float, default=31.0, help="seconds to wait before the screenshot (a usage sample)"
+    )
+    parser.add_argument("--window-size", default="1300,2500", help="browser window WIDTH,HEIGHT (pixels)")
     args = parser.parse_args()
 
-    client = Client(f"{args.url}/v1")
-    questions = [*QUESTIONS, "What is the capital of France?", "Name one sorting algorithm."]
-    for system in (SYSTEM, SYSTEM, SYSTEM[: len(SYSTEM) // 2] + " (edited) " + SYSTEM[len(SYSTEM) // 2 :]):
-        for question in questions:
-            messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-            client.chat(args.model, messages, 16)
-    client.chat(args.model, [{"role": "user", "content": "Hi!"}], 8)
-    chromium = shutil.which("chromium") or "chromium"
+    keys = [k.strip() for k in args.api_keys.split(",") if k.strip()] or ["unused"]
+    clients = [Client(f"{args.url}/v1", api_key=key) for key in keys]
+    print(f"{'round':>5} {'tenant':>6} {'prompt':>6} {'cached':>6} {'TTFT s':>7}")
+    for round_ in range(args.rounds):
+        for i, group in enumerate(conversations(SYSTEM[: args.system_chars])):
+            client = clients[i % len(clients)]
+            for messages in group:
+                result, _ = client.chat(args.model, messages, args.max_tokens)
+                print(
+                    f"{round_ + 1:>5} {i % len(clients):>6} {result.prompt_tokens:>6} "
+                    f"{result.cached_tokens:>6} {result.ttft_s:>7.3f}"
+                )
+    time.sleep(args.wait)
+    page = f"{args.url}/dashboard" + (f"#key={args.key}" if args.key else "")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
     subprocess.run(
         [
             chromium,
@@ -40,9 +92,10 @@ def main() -> None:
             "--disable-gpu",
             "--disable-background-networking",
             "--virtual-time-budget=5000",
-            "--window-size=1200,1000",
+            "--hide-scrollbars",
+            f"--window-size={args.window_size}",
             f"--screenshot={args.out}",
-            f"{args.url}/dashboard",
+            page,
         ],
         check=True,
         capture_output=True,

@@ -37,10 +37,14 @@ class Cancelled(Exception):
 
 @torch.inference_mode()
 def prefill_chunks(
-    model: Any, suffix_ids: Sequence[int], past: DynamicCache, start_pos: int
+    model: Any,
+    suffix_ids: Sequence[int],
+    past: DynamicCache,
+    start_pos: int,
+    chunk_tokens: int = PREFILL_CHUNK_TOKENS,
 ) -> Iterator[torch.Tensor]:
     """Feed ``suffix_ids`` at positions ``start_pos ..`` on top of ``past`` (grown in place), one
-    chunk of ``PREFILL_CHUNK_TOKENS`` per iteration.
+    chunk of ``chunk_tokens`` per iteration.
 
     Args:
         suffix_ids: at least one token id.
@@ -51,8 +55,8 @@ def prefill_chunks(
         yield is the prompt's next-token distribution.
     """
     assert len(suffix_ids) > 0 and past.get_seq_length() == start_pos
-    for offset in range(0, len(suffix_ids), PREFILL_CHUNK_TOKENS):
-        chunk = suffix_ids[offset : offset + PREFILL_CHUNK_TOKENS]
+    for offset in range(0, len(suffix_ids), chunk_tokens):
+        chunk = suffix_ids[offset : offset + chunk_tokens]
         yield _forward(model, chunk, past, start_pos + offset)
 
 

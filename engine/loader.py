@@ -49,12 +49,14 @@ def load_prefix(
     prompt_ids: Sequence[int],
     buffers: tuple[torch.Tensor, torch.Tensor],
     ttl_s: TtlPlan = None,
+    count: bool = True,
 ) -> LoadedPrefix:
     """Look up the longest cached prefix of ``prompt_ids`` and copy it into ``buffers`` (see
-    ``engine.kv.past_from_blocks``); ``cache`` None is ``--no-cache``."""
+    ``engine.kv.past_from_blocks``); ``cache`` None is ``--no-cache``; ``count`` as in
+    ``PrefixCache.lookup``."""
     match = PrefixMatch([], MissReason.DISABLED)
     if cache is not None:
-        match = cache.lookup(namespace, prompt_ids, ttl_s=ttl_s)
+        match = cache.lookup(namespace, prompt_ids, ttl_s=ttl_s, count=count)
     reused = reusable_tokens(len(prompt_ids), match.num_blocks)
     return LoadedPrefix(
         past_from_blocks(match.blocks, reused, buffers), reused, match.num_blocks, match.miss_reason
@@ -101,7 +103,9 @@ class PrefixLoader:
         # NOTE: room for the usual completion; a longer one grows the past (one copy per doubling)
         seq.buffers = self.buffers.acquire(seq.n + min(request.max_tokens, INITIAL_ROOM_TOKENS))
         namespace = self.loaded.namespace(request.tenant)
-        prefix = load_prefix(self.cache, namespace, request.prompt_ids, seq.buffers, request.cache_ttl_s)
+        prefix = load_prefix(
+            self.cache, namespace, request.prompt_ids, seq.buffers, request.cache_ttl_s, not request.prewarm
+        )
         seq.past, seq.cached_tokens = prefix.past, prefix.cached_tokens
         seq.cached_blocks, seq.miss_reason = prefix.cached_blocks, prefix.miss_reason
         suffix = request.prompt_ids[prefix.cached_tokens :]

@@ -32,6 +32,9 @@ class GenerationRequest:
         top_logprobs: how many most likely alternatives to report with each token.
         cache_ttl_s: TTLs of the blocks this request stores or hits (``store.interface.TtlPlan``:
             one for all, one per leading block, or None for the cache's default).
+        prewarm: only compute and store the prompt's K/V: the prompt's blocks are saved and the
+            request ends (``Finished("length", 0)``) without sampling; it is counted apart
+            (``EngineStats.prewarm_tokens``), never in the hit rates.
     """
 
     prompt_ids: tuple[int, ...]
@@ -41,6 +44,7 @@ class GenerationRequest:
     tenant: str = "default"
     top_logprobs: int = 0
     cache_ttl_s: TtlPlan = None
+    prewarm: bool = False
 
 
 @dataclass(frozen=True)

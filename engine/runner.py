@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.audit import Auditor
 from engine.decoder import Decoder
 from engine.kv import BufferPool, blocks_from_past
 from engine.loading import LoadedModel
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class EngineStats:
     """Token counters of an engine: every fed token is counted once, so prefill_tokens +
-    decode_tokens is exactly what the model computed; decode_tokens / decode_steps is the mean
-    decode batch size."""
+    prewarm_tokens + decode_tokens is exactly what the model computed; decode_tokens /
+    decode_steps is the mean decode batch size. Prewarm requests count only in prewarm_tokens."""
 
     requests: int = 0
     prompt_tokens: int = 0
@@ -41,15 +42,22 @@ class EngineStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     decode_steps: int = 0
+    prewarm_tokens: int = 0
 
 
 class Runner:
     """Runs steps (see the module docstring); only ever called from the model thread."""
 
     def __init__(
-        self, loaded: LoadedModel, cache: PrefixCache | None, buffers: BufferPool, decoder: Decoder
+        self,
+        loaded: LoadedModel,
+        cache: PrefixCache | None,
+        buffers: BufferPool,
+        decoder: Decoder,
+        auditor: Auditor,
     ) -> None:
         self.loaded, self.cache, self.buffers, self.decoder = loaded, cache, buffers, decoder
+        self.auditor = auditor
         self.stats = EngineStats()
 
     def run(self, step: Step) -> None:
@@ -85,11 +93,18 @@ class Runner:
         elapsed = time.perf_counter() - seq.admitted
         done = PrefillDone(n, seq.cached_tokens, seq.cached_blocks, seq.miss_reason, seq.load_s, elapsed)
         seq.handle.emit(done)
+        if seq.request.prewarm:
+            self.stats.prewarm_tokens += n - seq.cached_tokens
+            self._save(seq, seq.request.prompt_ids, seq.cached_blocks, num_full_blocks(n))
+            self._end(seq, "length")
+            return
         self.stats.requests += 1
         self.stats.prompt_tokens += n
         self.stats.cached_tokens += seq.cached_tokens
         self.stats.prefill_tokens += n - seq.cached_tokens
         seq.state = State.DECODING
+        namespace = self.loaded.namespace(seq.request.tenant)
+        seq.audit = self.auditor.capture(namespace, seq.request.prompt_ids, seq.cached_blocks, logits)
         reason = self._next_token(seq, logits)
         # NOTE: saved after the first token is out, so storing never delays time to first token
         self._save(seq, seq.request.prompt_ids, seq.cached_blocks, num_full_blocks(n))
@@ -121,6 +136,8 @@ class Runner:
             return "cancelled"
         token = seq.sampler(logits)
         seq.generated.append(token)
+        if seq.audit is not None:
+            seq.audit.record(token, logits)
         if token in self.loaded.eos_token_ids:
             return "stop"
         logprob, top = logprobs(logits, token, seq.request.top_logprobs)
@@ -143,6 +160,8 @@ class Runner:
             self._save(seq, sequence, num_full_blocks(seq.n), num_full_blocks(seq.fed))
             finished = Finished(reason, len(seq.generated), seq.text.finish(), seq.text.stop_sequence)
             seq.handle.emit(finished)
+            if seq.audit is not None:
+                self.auditor.submit(seq.audit)
         self._release(seq)
 
     def _fail(self, seq: Sequence, error: BaseException) -> None:

@@ -7,7 +7,9 @@ A sequence moves ``WAITING -> LOADING -> PREFILLING -> DECODING -> FINISHED``:
   sequence's cached prefix is loaded off the model thread (``engine.loader``);
 - each step computes one prefill chunk of the first prefilling sequence, which then goes to the
   back of the line (prefills take turns, so a long prompt never holds up a short one for more
-  than a chunk), and one decode step for every decoding sequence, batched.
+  than a chunk), and one decode step for every decoding sequence, batched;
+- with no request admitted or waiting, a step is an *idle* step when there is background work
+  (the fidelity audit, ``engine.audit``), one chunk of it at a time.
 
 Thread-safe: requests arrive on the server's thread, loaded prefixes on loader threads, and the
 model thread asks for steps.
@@ -30,6 +32,7 @@ class Step:
 
     prefill: Sequence | None  # one chunk of this sequence's prompt
     decode: list[Sequence]  # the next token of each of these
+    idle: bool = False  # no request to compute: one chunk of background work
 
 
 class Scheduler:
@@ -66,9 +69,12 @@ class Scheduler:
             self._prefilling.append(seq)
             self._changed.notify()
 
-    def next_step(self, load: Callable[[Sequence], None]) -> Step | None:
-        """Admit what fits (handing each admitted sequence to ``load``), then the next step; waits
-        while there is nothing to compute. None once closed and drained."""
+    def next_step(
+        self, load: Callable[[Sequence], None], background: Callable[[], bool] = lambda: False
+    ) -> Step | None:
+        """Admit what fits (handing each admitted sequence to ``load``), then the next step: an
+        idle step when no request is admitted or waiting and ``background()`` says there is work;
+        waits while there is nothing to compute. None once closed and drained."""
         with self._changed:
             while True:
                 self._drop_cancelled()
@@ -82,6 +88,8 @@ class Scheduler:
                     return Step(prefill, list(self._decoding))
                 if self._closing and not self._waiting and not self._loading:
                     return None
+                if not self._waiting and not self._loading and background():
+                    return Step(None, [], idle=True)
                 self._changed.wait()
 
     def step_done(self, step: Step) -> None:

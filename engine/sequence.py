@@ -22,6 +22,7 @@ from enum import Enum, auto
 import torch
 from transformers import DynamicCache
 
+from engine.audit import AuditCapture
 from engine.requests import GenerationRequest, RequestHandle
 from engine.sampling import Sampler
 from engine.text import TextStream
@@ -57,6 +58,7 @@ class Sequence:
     chunks: Iterator[torch.Tensor] = field(default_factory=lambda: iter(()))
     generated: list[int] = field(default_factory=list)
     error: BaseException | None = None  # the lookup stage failed
+    audit: AuditCapture | None = None  # a hit sampled for the fidelity audit
 
     @property
     def n(self) -> int:

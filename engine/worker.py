@@ -2,11 +2,15 @@
 
 A request goes ``submit`` -> scheduler (waits, is admitted) -> loader threads (its cached prefix
 becomes its past) -> model thread (prefill chunks taking turns, then batched decode steps), and
-its events go to the caller's ``emit`` as they happen. The model thread's whole loop::
+its events go to the caller's ``emit`` as they happen; with nothing else to do, the model thread
+audits sampled hits (``engine.audit``). Its whole loop::
 
-    while (step := scheduler.next_step(loader.load)) is not None:
-        runner.run(step)
-        scheduler.step_done(step)
+    while (step := scheduler.next_step(loader.load, auditor.pending)) is not None:
+        if step.idle:
+            auditor.step()
+        else:
+            runner.run(step)
+            scheduler.step_done(step)
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.audit import Auditor, AuditResult
 from engine.decoder import Decoder, pick_decoder
 from engine.forward import use_batched_attention
 from engine.kv import BufferPool
@@ -41,12 +46,18 @@ class Engine:
         cache: the prefix cache, or None to serve uncached (``--no-cache``).
         max_queue: requests waiting beyond the admitted ones; more raise ``EngineBusy``.
         max_batch: most requests admitted at once (loading, prefilling or decoding together).
+        audit_rate: fraction of cache hits recomputed cold in idle time (``engine.audit``).
     """
 
     def __init__(
-        self, loaded: LoadedModel, cache: PrefixCache | None, max_queue: int = 64, max_batch: int = 4
+        self,
+        loaded: LoadedModel,
+        cache: PrefixCache | None,
+        max_queue: int = 64,
+        max_batch: int = 4,
+        audit_rate: float = 0.0,
     ) -> None:
-        self.loaded, self.cache = loaded, cache
+        self.loaded, self.cache, self.audit_rate = loaded, cache, audit_rate
         use_batched_attention(loaded.model)
         spec = loaded.kv_spec
         like = torch.empty(
@@ -61,6 +72,7 @@ class Engine:
         # thread: each thread that runs parallel operations gets an OpenMP team of its own, and
         # more team threads than cores make them all sleep between operations (a third slower).
         self.decoder: Decoder
+        self.auditor: Auditor
         self.runner: Runner
         self._failed: BaseException | None = None
         self._ready = threading.Event()
@@ -73,15 +85,21 @@ class Engine:
     def _run(self, like: torch.Tensor) -> None:
         try:
             self.decoder = pick_decoder(self.loaded.model, like)
-            self.runner = Runner(self.loaded, self.cache, self.buffers, self.decoder)
+            parts = (self.loaded, self.cache, self.buffers, self.decoder)
+            self.auditor = Auditor(*parts, self.audit_rate)
+            self.runner = Runner(*parts, self.auditor)
         except BaseException as exc:  # raised again by __init__
             self._failed = exc
             return
         finally:
             self._ready.set()
-        while (step := self.scheduler.next_step(self.loader.load)) is not None:
-            self.runner.run(step)
-            self.scheduler.step_done(step)
+        auditor = self.auditor
+        while (step := self.scheduler.next_step(self.loader.load, lambda: auditor.pending > 0)) is not None:
+            if step.idle:
+                auditor.step()
+            else:
+                self.runner.run(step)
+                self.scheduler.step_done(step)
 
     def submit(self, request: GenerationRequest, emit: Callable[[Event], object]) -> RequestHandle:
         """Queue a request; its events go to ``emit`` (called on engine threads, must not block).
@@ -95,6 +113,20 @@ class Engine:
             Sequence(request, handle, sampler, TextStream(self.loaded.tokenizer, request.stop))
         )
         return handle
+
+    def flush_saves(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) until the blocks handed to the cache are stored;
+        True when they all are (or there is no cache)."""
+        return self.cache is None or self.cache.flush(timeout_s)
+
+    def on_audit(self, listener: Callable[[AuditResult], object]) -> None:
+        """Call ``listener`` with every audit result (on the model thread; it must not block)."""
+        self.auditor.listeners.append(listener)
+
+    @property
+    def audits_pending(self) -> int:
+        """Sampled hits waiting for idle time to be audited, or being audited."""
+        return self.auditor.pending
 
     def stats(self) -> EngineStats:
         """A snapshot of the engine's token counters."""

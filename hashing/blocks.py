@@ -115,7 +115,12 @@ def block_hashes(
     hashes: list[BlockHash] = []
     parent: bytes = namespace
     for i in range(num_full_blocks(len(token_ids), block_size)):
-        block = block_tokens(token_ids, i, block_size)
-        parent = xxhash.xxh3_128_digest(parent + encode_token_ids(block))
-        hashes.append(BlockHash(parent))
+        parent = chain_hash(parent, block_tokens(token_ids, i, block_size))
+        hashes.append(parent)
     return hashes
+
+
+def chain_hash(parent: BlockHash | Namespace | bytes, block: Sequence[int]) -> BlockHash:
+    """The hash of a block whose tokens are ``block``, after the block ``parent`` (the namespace
+    for block 0): ``xxh3_128(parent || block as little-endian uint32)``."""
+    return BlockHash(xxhash.xxh3_128_digest(parent + encode_token_ids(block)))

@@ -20,8 +20,20 @@ from proxy.config import ServerSettings, Settings
 from proxy.errors import install_error_handlers
 from proxy.limits import BodySizeLimit, header_timeout_protocol
 from proxy.metrics import Metrics, RequestMetrics
-from proxy.routes import cache, chat, completions, health, messages, models, observe, tokenize
+from proxy.routes import (
+    cache,
+    chat,
+    completions,
+    health,
+    messages,
+    models,
+    observe,
+    prewarm,
+    snapshots,
+    tokenize,
+)
 from proxy.stores import open_cache
+from proxy.usage import UsageHistory
 
 log = logging.getLogger(__name__)
 
@@ -65,23 +77,29 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             names = tuple(n.strip() for n in settings.served_model_name.split(",") if n.strip())
             model = dataclasses.replace(model, name=names[0], aliases=names)
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)
-        engine = Engine(model, block_cache, settings.max_queue, settings.max_batch)
+        engine = Engine(model, block_cache, settings.max_queue, settings.max_batch, settings.audit_rate)
         app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
         app.state.started = time.time()
         app.state.metrics = Metrics(engine, block_cache)
+        app.state.usage = UsageHistory(block_cache.usage if block_cache is not None else lambda: None)
+        if block_cache is not None:
+            app.state.usage.start()
         log.info(
             "serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_location
         )
         yield
+        app.state.usage.stop()
         if block_cache is not None:
             block_cache.close()
         await run_in_threadpool(engine.close)
 
     app = FastAPI(title="kvproxy", lifespan=lifespan)
     app.state.api_keys, app.state.settings = api_keys, settings
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit, max_bytes=settings.max_body_bytes, streamed=frozenset({"/v1/cache/import"})
+    )
     app.add_middleware(RequestMetrics)
     install_error_handlers(app)
-    for module in (chat, completions, messages, tokenize, models, health, cache, observe):
+    for module in (chat, completions, messages, tokenize, models, health, prewarm, snapshots, cache, observe):
         app.include_router(module.router)
     return app

@@ -19,6 +19,7 @@ from pydantic import BeforeValidator, ValidationError
 
 from bench.cli import bench
 from engine.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
+from proxy.cache_http import HTTP_COMMANDS
 from proxy.config import RouteSettings, ServerSettings, Settings
 
 S = TypeVar("S", bound=ServerSettings)
@@ -196,7 +197,8 @@ def open_admin(**flags: Any) -> Any:
 
 @main.group()
 def cache() -> None:
-    """Inspect and administer the prefix cache (no model needed)."""
+    """Inspect and administer the prefix cache: stats, gc and clear read Redis and the blob store
+    directly (no model needed); prewarm, export and import ask a running server."""
 
 
 @cache.command("stats")
@@ -230,6 +232,8 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
     click.echo(json.dumps({"removed_blocks": open_admin(**flags).clear(namespace)}))
 
 
+for command in HTTP_COMMANDS:
+    cache.add_command(command)
 main.add_command(bench)
 
 if __name__ == "__main__":

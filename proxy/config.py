@@ -137,6 +137,12 @@ class Settings(ServerSettings):
     max_batch: int = Field(
         4, ge=1, description="Requests running at once; their decode steps share one forward pass."
     )
+    audit_rate: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Fraction of cache hits recomputed cold in idle time to check them (0: off).",
+    )
     ram_cache_bytes: Bytes = Field(
         1024**3, ge=0, description="Byte budget of the in-process RAM tier of hot blocks (0: none)."
     )

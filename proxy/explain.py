@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.loading import LoadedModel
 from engine.requests import PrefillDone
 from hashing import BLOCK_SIZE, num_full_blocks
-from store.interface import CacheAdmin
+from store.admin_interface import CacheAdmin
 from store.outcomes import MissReason
 
 EXPLAIN_HEADER = "x-kvproxy-explain"

@@ -15,14 +15,16 @@ class BodySizeLimit:
     """ASGI middleware: answer 413 for a body over ``max_bytes``, declared or streamed.
 
     NOTE: the body is read here, up to the limit, and replayed to the app: an error raised while
-    the app reads it would reach the client as FastAPI's generic 400 instead.
+    the app reads it would reach the client as FastAPI's generic 400 instead. Paths in
+    ``streamed`` (snapshot imports, admin only) pass through unread: their route streams the body
+    to disk.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, streamed: frozenset[str] = frozenset()) -> None:
+        self.app, self.max_bytes, self.streamed = app, max_bytes, streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in self.streamed:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

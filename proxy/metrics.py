@@ -22,9 +22,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.requests import Finished, PrefillDone
 from engine.worker import Engine
+from proxy.audits import AuditReport
 from proxy.records import RequestLog, RequestRecord
 from proxy.vllm_metrics import VllmMetrics
-from store.interface import CacheAdmin
+from store.admin_interface import CacheAdmin
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -59,6 +60,7 @@ class Metrics:
         )
         self.registry.register(_EngineAndStoreCollector(engine, cache))
         self.vllm = VllmMetrics(self.registry, engine, engine.loaded.served_names[0], cache is not None)
+        self.audits = AuditReport(self.registry, engine)
         self.log = RequestLog()
         self._seconds_per_token: float | None = None
         self._lock = threading.Lock()

@@ -1,5 +1,6 @@
 """Per-request records of this process, behind ``/stats`` and the dashboard: totals, hit rates over
-the last minute and hour, TTFT percentiles by cache outcome, the recent misses."""
+the last minute and hour, TTFT percentiles by cache outcome and its series (``proxy.series``), the
+recent misses."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.series import ttft_by_cached_tokens, ttft_per_minute
 from store.outcomes import CacheKind, MissReason
 
 KEEP_RECORDS = 20_000
@@ -64,6 +66,7 @@ class RequestLog:
             return {"count": len(values), "p50": statistics.median(values), "p95": p95}
 
         misses = [r for r in mine if r.kind != "hit"][-20:]
+        hour = [r for r in mine if r.at >= now - 3600]
         kinds: tuple[CacheKind, ...] = ("hit", "partial", "miss")
         return {
             "requests": len(mine),
@@ -74,6 +77,8 @@ class RequestLog:
             "last_minute": window(60),
             "last_hour": window(3600),
             "ttft_seconds": {kind: ttft(kind) for kind in kinds},
+            "ttft_per_minute": ttft_per_minute((r.at, r.kind, r.ttft_s) for r in hour),
+            "ttft_by_cached_tokens": ttft_by_cached_tokens((r.cached_tokens, r.ttft_s) for r in hour),
             "recent_misses": [
                 {
                     "at": r.at,

@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.metrics import Metrics
-from store.interface import CacheAdmin
+from store.admin_interface import CacheAdmin
 
 
 def get_engine(request: Request) -> Engine:

@@ -5,7 +5,8 @@ server) and value types; ``store.outcomes`` the typed outcomes; ``store.cache.Bl
 facade over the parts (index, blobs, serde, RAM tier, lookup, writer, gc).
 """
 
-from store.interface import CacheAdmin, KVBlock, KVSpec, PrefixCache, PrefixMatch
+from store.admin_interface import CacheAdmin
+from store.interface import KVBlock, KVSpec, PrefixCache, PrefixMatch
 from store.outcomes import CacheKind, EvictionReason, MissReason
 from store.stats import CacheStats, GcReport
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hashing import Namespace
+from hashing import Namespace, block_hashes
 from store import report
+from store.admin_interface import CacheHealth
 from store.blob_backend import BlobBackend
 from store.gc import GarbageCollector, clear, collect
 from store.guard import Guard
-from store.interface import CacheHealth
+from store.hot import open_hot
 from store.parts import BlockIndex
 from store.stats import CacheStats, GcReport, StatsRecorder
 
@@ -45,6 +46,7 @@ class StoreAdmin:
         # NOTE: the deployment-wide counters have a breaker of their own: on a Redis Cluster they
         # may live on another node than a namespace's blocks, whose lookups must not stop with them.
         self.stats_guard = Guard(breaker_cooldown_s, self.recorder)
+        self.hot = open_hot(index)
         self._collector: GarbageCollector | None = None
 
     def health(self) -> CacheHealth:
@@ -67,11 +69,28 @@ class StoreAdmin:
     def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
         return self.stats_guard.redis("stats", report.timeline, self.counters, namespace, minutes)
 
+    def hot_prefixes(
+        self, namespace: Namespace | None = None, readable: Namespace | None = None, n: int = 10
+    ) -> list[dict[str, Any]] | None:
+        if self.hot is None:
+            return None
+        args = (self.hot, self.blobs, namespace, readable, n)
+        return self.stats_guard.redis("stats", report.hot_prefixes, *args)
+
+    def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:
+        known_hex = [ns.hex() for ns in known]
+        return self.stats_guard.redis("stats", report.tenant_rates, self.counters, self.hot, known_hex)
+
     def divergence(
         self, namespace: Namespace, token_ids: Sequence[int], block: int
     ) -> tuple[int, list[int]] | None:
         args = (self.index, self.blobs, namespace, token_ids, block)
         return self.guard.redis("children", report.divergence, *args)
+
+    def indexed_blocks(self, namespace: Namespace, token_ids: Sequence[int]) -> int | None:
+        hashes = block_hashes(token_ids, namespace)
+        missing = self.guard.redis("exists", self.index.missing, namespace, hashes, scope=namespace.hex())
+        return None if missing is None else next((i for i, gone in enumerate(missing) if gone), len(hashes))
 
     def gc(self, grace_s: float | None = None) -> GcReport | None:
         """One collection (``store.gc``); None when Redis is unreachable."""

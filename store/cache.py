@@ -10,17 +10,20 @@ save, counted and logged, never an exception for the caller.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import IO, Any
 
 import torch
 
-from hashing import Namespace
+from hashing import BlockHash, Namespace, block_hashes
 from store.admin import StoreAdmin
 from store.blob_backend import BlobBackend
 from store.interface import KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.lookup import PrefixLookup
 from store.parts import BlockIndex
 from store.ram import RamTier
+from store.snapshot import namespace_blocks, write_snapshot
+from store.snapshot_import import ImportReport, import_snapshot
 from store.stats import CacheStats, GcReport
 from store.writer import BlockWriter
 
@@ -82,6 +85,7 @@ class BlockCache(StoreAdmin):
             ttl_s=ttl_s,
             read_timeout_s=read_timeout_s,
             pin_memory=pin_memory,
+            hot=self.hot,
         )
 
     def lookup(
@@ -90,9 +94,10 @@ class BlockCache(StoreAdmin):
         token_ids: Sequence[int],
         max_blocks: int | None = None,
         ttl_s: TtlPlan = None,
+        count: bool = True,
     ) -> PrefixMatch:
         """See ``PrefixCache.lookup``: one Redis round trip, then read and verify in chain order."""
-        return self._lookup.lookup(namespace, token_ids, max_blocks, ttl_s)
+        return self._lookup.lookup(namespace, token_ids, max_blocks, ttl_s, count)
 
     def save(
         self,
@@ -111,6 +116,10 @@ class BlockCache(StoreAdmin):
         """See ``PrefixCache.flush``."""
         return self.writer.flush(timeout_s)
 
+    def forget(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        """See ``PrefixCache.forget``: on the writer's thread, each block as a failed one is."""
+        self.writer.enqueue(lambda: self._lookup.discard(namespace, hashes))
+
     def stats(self) -> CacheStats:
         return self.recorder.snapshot(ram_tier_bytes=self.ram.used_bytes)
 
@@ -125,6 +134,28 @@ class BlockCache(StoreAdmin):
         self.ram.clear(namespace_hex)
         return super().clear(namespace_hex)
 
+    def export_snapshot(
+        self,
+        out: IO[bytes],
+        namespace: Namespace,
+        identity: dict[str, Any],
+        prompts: Sequence[Sequence[int]] | None = None,
+    ) -> dict[str, Any]:
+        """See ``CacheAdmin.export_snapshot``."""
+        if prompts is None:
+            hashes = namespace_blocks(self.index, namespace)
+        else:
+            hashes = [h for ids in prompts for h in block_hashes(ids, namespace)]
+        return write_snapshot(out, self.index, self.blobs, self.spec, namespace, identity, hashes)
+
+    def import_snapshot(
+        self, source: IO[bytes], identity_for: Callable[[str], dict[str, Any]]
+    ) -> ImportReport:
+        """See ``CacheAdmin.import_snapshot``; then evicts down to the byte budget."""
+        report = import_snapshot(source, self.index, self.blobs, self.spec, identity_for, self.ttl_s)
+        self.writer.evict_to_budget()
+        return report
+
     def share(self, namespace: Namespace | None = None, **counts: int) -> None:
         """Add to the deployment-wide counters in the background (on the writer's thread)."""
-        self.writer.share(namespace, **counts)
+        self.writer.share(namespace, also=None, **counts)

@@ -3,24 +3,22 @@
 Block tensors have shape ``[num_layers, num_kv_heads, BLOCK_SIZE, head_dim]`` (the layout of
 docs/design.md, "Storage"): layer-major, so one block is two contiguous tensors however many layers.
 
-Two interfaces face the other packages: ``PrefixCache`` is what the engine is handed (look up,
-save, flush), ``CacheAdmin`` what the HTTP server and the command line read and administer. Both
-are implemented by ``store.cache.BlockCache``; nothing above store/ touches its parts.
+Two interfaces face the other packages: ``PrefixCache`` (here) is what the engine is handed
+(look up, save, flush, forget), ``CacheAdmin`` (``store.admin_interface``) what the HTTP server
+and the command line read and administer. Both are implemented by ``store.cache.BlockCache``;
+nothing above store/ touches its parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace
 from store.outcomes import MissReason
-from store.stats import CacheStats, GcReport
-
-CacheHealth = Literal["ok", "degraded", "disabled"]
 
 TtlPlan = int | Sequence[int | None] | None
 """How long blocks stay cached after a save or a hit, in seconds: one TTL for every block, or one
@@ -124,12 +122,14 @@ class PrefixCache(Protocol):
         token_ids: Sequence[int],
         max_blocks: int | None = None,
         ttl_s: TtlPlan = None,
+        count: bool = True,
     ) -> PrefixMatch:
         """Longest verified cached prefix of ``token_ids``, at most ``max_blocks`` blocks (None:
         every full block).
 
         Refreshes the TTL of every matched block to at least its TTL under ``ttl_s`` (sliding
-        TTL; never shortened) and marks them recently used.
+        TTL; never shortened) and marks them recently used. ``count`` False keeps the lookup out
+        of the hit-rate counters (a prewarm is not a request).
         """
         ...
 
@@ -157,47 +157,7 @@ class PrefixCache(Protocol):
         """Wait for scheduled saves; True when they all finished within ``timeout_s`` seconds."""
         ...
 
-
-class CacheAdmin(Protocol):
-    """What the server and the command line read and administer. Every read answers None when
-    Redis is unreachable (never raises for it); ``clear`` raises so the caller can say so."""
-
-    def health(self) -> CacheHealth:
-        """``"ok"`` when the index answers, ``"degraded"`` while it does not."""
-        ...
-
-    def stats(self) -> CacheStats:
-        """A snapshot of this process's counters."""
-        ...
-
-    def usage(self) -> tuple[int, int] | None:
-        """``(blocks, bytes)`` the whole cache holds now."""
-        ...
-
-    def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
-        """Counters of every process sharing the index (or of one namespace), hit rates over the
-        last minute and hour and, for the deployment, blocks and bytes stored."""
-        ...
-
-    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
-        """Tokens queried and hit per minute over the last ``minutes``."""
-        ...
-
-    def divergence(
-        self, namespace: Namespace, token_ids: Sequence[int], block: int
-    ) -> tuple[int, list[int]] | None:
-        """Where ``token_ids`` first differs from a cached sibling of its block ``block``:
-        ``(token position, the sibling's token ids)``, or None."""
-        ...
-
-    def gc(self, grace_s: float | None = None) -> GcReport | None:
-        """Reconcile the index and the blob store now."""
-        ...
-
-    def clear(self, namespace_hex: str | None = None) -> int:
-        """Remove every block (or one namespace's); returns how many indexed blocks went.
-
-        Raises:
-            redis.RedisError: Redis failed.
-        """
+    def forget(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        """Schedule the removal of blocks (index entries, RAM copies, blobs) that must no longer
+        be served, e.g. after a failed fidelity audit; like ``save``, never blocks or raises."""
         ...

@@ -14,6 +14,9 @@ the cluster's nodes. A block's *member* name is ``{ns_hex}:b:{hash_hex}`` (no br
                                  block never seen from one on a block that expired or was evicted
     ``{prefix}{{ns}}:c:{parent_hex or "root"}``  set of child hashes, to find where a prompt diverged
     ``{prefix}namespaces``       set of every namespace that ever published (for the global totals)
+    ``{prefix}{{ns}}:hot``, ``:hot:hits``, ``:hot:root``  the namespace's hot prefixes: a sorted
+                                 set of deepest block hashes by tokens saved, their hits, and
+                                 their block 0 and length (``store.hot``)
     (``store.counters`` keeps a namespace's counters under ``{prefix}{{ns}}:stats`` and ``:tok:``,
     the deployment's under ``{prefix}stats`` and ``{prefix}tok:all:``)
 

@@ -26,6 +26,7 @@ from typing import Any
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
 from store.blob_backend import BlobBackend
 from store.guard import Guard
+from store.hot import HotPrefixes
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import BlockIndex
@@ -74,6 +75,7 @@ class PrefixLookup:
         readers: blob reads that may run (or hang) at once.
         pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
             accelerator).
+        hot: where counted hits are recorded as hot prefixes (None: nowhere).
     """
 
     def __init__(
@@ -90,23 +92,42 @@ class PrefixLookup:
         read_timeout_s: float,
         readers: int = 4,
         pin_memory: bool = False,
+        hot: HotPrefixes | None = None,
     ) -> None:
         self.index, self.blobs, self.ram, self.writer = index, blobs, ram, writer
         self.spec, self.guard, self.stats = spec, guard, stats
         self.ttl_s, self.read_timeout_s, self.pin_memory = ttl_s, read_timeout_s, pin_memory
+        self.hot = hot
         self._readers = ReaderPool(readers)
 
     def lookup(
-        self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int | None, ttl_s: TtlPlan
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        max_blocks: int | None,
+        ttl_s: TtlPlan,
+        count: bool = True,
     ) -> PrefixMatch:
         """See ``PrefixCache.lookup``."""
         limit = len(token_ids) if max_blocks is None else max_blocks * BLOCK_SIZE
         match = self._match(namespace, token_ids, block_hashes(token_ids[:limit], namespace), ttl_s)
+        if not count:
+            return match
         cached = reusable_tokens(len(token_ids), match.num_blocks)
         self.stats.add(lookups=1, tokens_queried=len(token_ids), tokens_hit=cached)
         failures = int(match.miss_reason == MissReason.FAILED_VERIFICATION)
+        # NOTE: a hit also counts for its prefix among the hot ones, in the same background job
+        blocks, hit = match.blocks, None
+        if cached and self.hot is not None:
+            hit = partial(
+                self.hot.record, namespace, blocks[0].block_hash, blocks[-1].block_hash, len(blocks), cached
+            )
         self.writer.share(
-            namespace, prompt_tokens=len(token_ids), cached_tokens=cached, verification_failures=failures
+            namespace,
+            also=hit,
+            prompt_tokens=len(token_ids),
+            cached_tokens=cached,
+            verification_failures=failures,
         )
         return match
 
@@ -159,7 +180,7 @@ class PrefixLookup:
                 # never loaded, since their K/V depends on this one.
                 log.warning("cache block %d (%s) dropped: %s", i, hashes[i].hex(), exc)
                 self.stats.add(verification_failures=1)
-                self._discard(namespace, hashes[i])
+                self.discard(namespace, [hashes[i]])
                 return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION)
             if self.pin_memory:
                 # NOTE: page-locked, so the upload to an accelerator is asynchronous and fast
@@ -181,12 +202,13 @@ class PrefixLookup:
         self.stats.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
         return PrefixMatch(blocks, reason)
 
-    def _discard(self, namespace: Namespace, block_hash: BlockHash) -> None:
-        """Remove a block that cannot be served: its RAM copy, its index entry, then its blob (so
+    def discard(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        """Remove blocks that must not be served: each one's RAM copy, index entry, then blob (so
         the next save writes it afresh)."""
-        self.ram.drop(namespace, block_hash)
-        self.guard.redis("drop", self.index.drop, namespace, block_hash, scope=namespace.hex())
-        try:
-            self.blobs.delete(namespace, block_hash)
-        except OSError as exc:
-            self.guard.warn("delete", "cannot delete bad blob %s: %s", block_hash.hex(), exc)
+        for block_hash in hashes:
+            self.ram.drop(namespace, block_hash)
+            self.guard.redis("drop", self.index.drop, namespace, block_hash, scope=namespace.hex())
+            try:
+                self.blobs.delete(namespace, block_hash)
+            except OSError as exc:
+                self.guard.warn("delete", "cannot delete bad blob %s: %s", block_hash.hex(), exc)

@@ -11,6 +11,7 @@ from typing import Any
 
 from hashing import BLOCK_SIZE, Namespace, block_hashes, block_tokens
 from store.blob_backend import BlobBackend
+from store.hot import HotPrefix, HotPrefixes
 from store.parts import BlockIndex, Counters
 from store.serde import BlockVerificationError, read_token_ids
 
@@ -64,3 +65,59 @@ def divergence(
         if differs is not None:
             return block * BLOCK_SIZE + differs, theirs
     return None
+
+
+def hot_prefixes(
+    hot: HotPrefixes, blobs: BlobBackend, namespace: Namespace | None, readable: Namespace | None, n: int
+) -> list[dict[str, Any]]:
+    """The ``n`` cached prefixes that saved the most tokens, of one namespace or all: their
+    hits, tokens saved, length (blocks, tokens), bytes (blocks x the last block's blob bytes),
+    seconds left to live and, for namespace ``readable`` only, the token ids of block 0."""
+    return [
+        {
+            "namespace": p.namespace.hex(),
+            "hits": p.hits,
+            "tokens_saved": p.tokens_saved,
+            "blocks": p.blocks,
+            "cached_tokens": p.blocks * BLOCK_SIZE,
+            "bytes": p.blocks * p.block_bytes,
+            "ttl_seconds": p.ttl_s,
+            "token_ids": _root_tokens(blobs, p) if p.namespace == readable else None,
+        }
+        for p in hot.top(namespace, n)
+    ]
+
+
+def _root_tokens(blobs: BlobBackend, prefix: HotPrefix) -> list[int] | None:
+    """The token ids block 0's blob holds, verified against its hash (None: unreadable)."""
+    try:
+        ids = read_token_ids(blobs.read(prefix.namespace, prefix.root))
+    except (OSError, BlockVerificationError):
+        return None
+    # NOTE: the ids are the block's only if they hash to its name: a wrong blob shows no text.
+    hashes = block_hashes(ids, prefix.namespace) if len(ids) == BLOCK_SIZE else []
+    return ids if hashes == [prefix.root] else None
+
+
+def tenant_rates(counters: Counters, hot: HotPrefixes | None, known: Sequence[str]) -> list[dict[str, Any]]:
+    """Prompt and cached tokens, all time and over the last hour, of each namespace that stored
+    a block or is in ``known`` (hex) and has any traffic; most prompt tokens first."""
+    rows = []
+    for ns in sorted({*known, *(hot.namespaces() if hot is not None else ())}):
+        totals, hour = counters.totals(ns), counters.window(ns, 3600)
+        prompt, cached = totals.get("prompt_tokens", 0), totals.get("cached_tokens", 0)
+        if prompt or hour.queried:
+            rows.append(
+                {
+                    "namespace": ns,
+                    "prompt_tokens": prompt,
+                    "cached_tokens": cached,
+                    "hit_rate": cached / prompt if prompt else None,
+                    "last_hour": {
+                        "queried_tokens": hour.queried,
+                        "hit_tokens": hour.hit,
+                        "hit_rate": hour.hit_rate,
+                    },
+                }
+            )
+    return sorted(rows, key=lambda r: -r["prompt_tokens"])

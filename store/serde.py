@@ -109,6 +109,19 @@ def read_token_ids(data: bytes) -> list[int]:
         raise BlockVerificationError(f"unreadable blob: {exc}") from exc
 
 
+def read_header(data: bytes) -> dict[str, str]:
+    """The string metadata a blob claims (format, namespace, block hash, parent hash, block
+    index, ...); not a verification.
+
+    Raises:
+        BlockVerificationError: unreadable data.
+    """
+    try:
+        return _read_metadata(data)
+    except Exception as exc:
+        raise BlockVerificationError(f"unreadable blob: {exc}") from exc
+
+
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:
     """Hex xxh3-128 over the bytes of ``key``, ``value`` and ``token_ids``, in that order."""
     digest = xxhash.xxh3_128()

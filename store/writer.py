@@ -125,11 +125,21 @@ class BlockWriter:
             self.stats.add(saves_dropped=len(blocks))
             self.guard.warn("queue", "save queue full: %d blocks not cached", len(blocks))
 
-    def share(self, namespace: Namespace | None = None, **counts: int) -> None:
-        """Add to the deployment-wide counters (and the namespace's) in the background."""
+    def share(
+        self, namespace: Namespace | None = None, *, also: Callable[[], object] | None = None, **counts: int
+    ) -> None:
+        """Add to the deployment-wide counters (and the namespace's) in the background; ``also``
+        (another statistic, e.g. a hot prefix's hit) runs in the same job, through the same
+        breaker, so a lookup costs the writer's queue one job."""
         if self.stats_guard.allow():
             scope = namespace.hex() if namespace is not None else None
-            self.enqueue(lambda: self.stats_guard.redis("stats", self.counters.add, scope, counts))
+
+            def job() -> None:
+                self.stats_guard.redis("stats", self.counters.add, scope, counts)
+                if also is not None:
+                    self.stats_guard.redis("stats", also)
+
+            self.enqueue(job)
 
     def enqueue(self, job: Callable[[], None]) -> bool:
         """Run ``job`` on the writer thread; False when the queue is full (nothing queued)."""

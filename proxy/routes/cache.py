@@ -15,8 +15,8 @@ from starlette.concurrency import run_in_threadpool
 from proxy.auth import require_admin
 from proxy.errors import OpenAIError
 from proxy.state import CacheDep, EngineDep
+from store.admin_interface import CacheAdmin
 from store.connect import REDIS_ERRORS
-from store.interface import CacheAdmin
 
 router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
 

@@ -6,7 +6,7 @@ import pytest
 
 from engine.requests import EngineBusy, Finished, GenerationRequest, RequestHandle
 from engine.sampling import Sampler, SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, Step
 from engine.sequence import Sequence, State
 
 
@@ -71,3 +71,21 @@ def test_a_waiting_request_whose_client_left_gives_its_place_back() -> None:
     scheduler.add(seq())  # would be refused if the cancelled one still held the place
     assert events == [Finished("cancelled", 0)]
     scheduler.close()
+
+
+def test_background_work_gets_only_idle_steps() -> None:
+    """With audit work pending, an empty scheduler returns idle steps; a request that arrives
+    is computed first, and a closed scheduler stops even with background work left."""
+    scheduler = Scheduler(max_queue=8, max_batch=4)
+    load = load_into(scheduler, [])
+    busy = lambda: True  # noqa: E731
+    assert scheduler.next_step(load, busy) == Step(None, [], idle=True)
+    a = seq()
+    scheduler.add(a)
+    step = scheduler.next_step(load, busy)
+    assert step.prefill is a and not step.idle
+    a.state = State.FINISHED
+    scheduler.step_done(step)
+    assert scheduler.next_step(load, busy).idle
+    scheduler.close()
+    assert scheduler.next_step(load, busy) is None

@@ -1,8 +1,12 @@
-"""docker-compose.yml and the Dockerfile agree with the settings class (no Docker engine here)."""
+"""docker-compose.yml and the Dockerfile agree with the settings class, and the Prometheus and
+Grafana it runs are wired to the services that exist (no Docker engine here)."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -23,7 +27,7 @@ def proxies() -> dict:
 def test_services_and_dependencies() -> None:
     """redis with a healthcheck; two proxy replicas built here, waiting for a healthy redis."""
     services = compose()["services"]
-    assert set(services) == {"redis", "proxy", "proxy-2", "router"}
+    assert set(services) == {"redis", "proxy", "proxy-2", "router", "prometheus", "grafana"}
     assert "healthcheck" in services["redis"]
     for proxy in proxies().values():
         assert proxy["build"] == "." and "healthcheck" in proxy
@@ -84,3 +88,110 @@ def test_the_router_fronts_both_replicas() -> None:
         ports
     )
     assert f"{settings.port}/health" in router["healthcheck"]["test"][-1]
+
+
+def mounts(service: dict) -> dict[str, str]:
+    """A service's volumes as {container path: host path or volume name} (``:ro`` dropped)."""
+    return {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+
+
+def mounted_file(service: dict, container_path: str) -> Path:
+    """The file in this checkout that ``service`` sees at ``container_path`` (a file or folder bind)."""
+    for target, source in mounts(service).items():
+        if container_path == target or container_path.startswith(f"{target}/"):
+            assert source.startswith("./"), f"{target} is not a bind mount of this checkout"
+            return ROOT / source / container_path.removeprefix(target).lstrip("/")
+    raise AssertionError(f"nothing is mounted at {container_path}")
+
+
+def prometheus_config() -> dict:
+    service = compose()["services"]["prometheus"]
+    flags = dict(flag.removeprefix("--").split("=", 1) for flag in service["command"])
+    return yaml.safe_load(mounted_file(service, flags["config.file"]).read_text())
+
+
+def grafana_file(container_path: str) -> Path:
+    return mounted_file(compose()["services"]["grafana"], container_path)
+
+
+def datasources() -> list[dict]:
+    folder = grafana_file("/etc/grafana/provisioning/datasources")
+    return [d for f in sorted(folder.glob("*.yml")) for d in yaml.safe_load(f.read_text())["datasources"]]
+
+
+def dashboard_files() -> list[Path]:
+    folder = grafana_file("/etc/grafana/provisioning/dashboards")
+    providers = [p for f in sorted(folder.glob("*.yml")) for p in yaml.safe_load(f.read_text())["providers"]]
+    return sorted(f for p in providers for f in grafana_file(p["options"]["path"]).glob("*.json"))
+
+
+def test_monitoring_images_are_pinned_and_published() -> None:
+    """Prometheus and Grafana run pinned releases, publish 9090 and 3000, and have healthchecks."""
+    services = compose()["services"]
+    for name, repository, port in (
+        ("prometheus", "prom/prometheus", 9090),
+        ("grafana", "grafana/grafana-oss", 3000),
+    ):
+        image, _, tag = services[name]["image"].partition(":")
+        assert image == repository and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), services[name]["image"]
+        assert services[name]["ports"] == [f"{port}:{port}"]
+        assert f"{port}/" in services[name]["healthcheck"]["test"][-1]
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    assert mounts(services["prometheus"])["/prometheus"] in compose()["volumes"]
+
+
+def test_prometheus_scrapes_every_kvproxy_service() -> None:
+    """The scrape targets are the replicas and the router, by service name and container port, on
+    /metrics; the stack sets no admin key or API keys, so the scrapes need no token."""
+    services = compose()["services"]
+    kvproxy = {name: s for name, s in services.items() if name.startswith("proxy") or name == "router"}
+    targets = {}
+    for job in prometheus_config()["scrape_configs"]:
+        assert job["metrics_path"] == "/metrics"
+        assert not {"authorization", "bearer_token", "bearer_token_file", "basic_auth"} & set(job)
+        for static in job["static_configs"]:
+            targets.update(t.split(":") for t in static["targets"])
+    assert targets == {name: s["environment"]["KVPROXY_PORT"] for name, s in kvproxy.items()}
+    for service in kvproxy.values():
+        assert not {"KVPROXY_ADMIN_KEY", "KVPROXY_API_KEYS"} & set(service["environment"])
+        assert not any(word.startswith(("--admin-key", "--api-keys")) for word in service.get("command", []))
+    assert "ADMIN_KEY" not in (ROOT / "Dockerfile").read_text()
+
+
+def test_grafana_is_provisioned_from_deploy() -> None:
+    """Grafana mounts the provisioning folders and the dashboards folder; its home is kvproxy's."""
+    grafana = compose()["services"]["grafana"]
+    assert mounts(grafana)["/etc/grafana/provisioning"] == "./deploy/grafana/provisioning"
+    assert [f.name for f in dashboard_files()] == ["kvproxy.json"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert grafana_file(home) == dashboard_files()[0]
+    assert grafana["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+def test_the_datasource_is_the_compose_prometheus() -> None:
+    """The one datasource is the prometheus service on its container port; its timeInterval is the
+    scrape interval (the floor of $__rate_interval)."""
+    (source,) = datasources()
+    url = urlsplit(source["url"])
+    (published,) = compose()["services"]["prometheus"]["ports"]
+    assert source["type"] == "prometheus" and url.hostname == "prometheus"
+    assert str(url.port) == published.split(":")[1]
+    assert source["jsonData"]["timeInterval"] == prometheus_config()["global"]["scrape_interval"]
+
+
+def test_every_dashboard_panel_has_a_title_a_unit_and_the_datasource() -> None:
+    """Every panel but a row has a title, an axis unit and queries, all on the provisioned
+    datasource's uid, and fits the 24-column grid."""
+    (source,) = datasources()
+    (path,) = dashboard_files()
+    doc = json.loads(path.read_text())
+    panels = doc["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    charts = [p for p in panels if p["type"] != "row"]
+    assert len(charts) >= 10
+    for panel in charts:
+        assert panel["title"] and panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        assert panel["datasource"]["uid"] == source["uid"] and panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["expr"] and target["datasource"]["uid"] == source["uid"], panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24

@@ -1,0 +1,202 @@
+"""The fidelity audit: a sampled fraction of cache hits is computed again cold, in idle time.
+
+Verification proves a block is the block that was stored; the audit checks that what was stored
+was right. For a sampled hit the runner keeps the first token's logits and, for the first
+``AUDIT_TOKENS`` steps, the token fed and the logits' argmax (``AuditCapture``). When the model
+thread has nothing else to do, the auditor prefills the same prompt with no cache, one
+``AUDIT_CHUNK_TOKENS`` chunk per idle step (a request that arrives waits for one chunk at most),
+then feeds the hit's tokens and compares:
+
+- the first token's logits: the max absolute difference, against the format's tolerance;
+- each step's greedy choice: a different argmax is a mismatch unless the cold logits hold the
+  two tokens within the tolerance (a near-tie).
+
+A mismatch removes the hit's blocks from the cache (``PrefixCache.forget``) and logs their hashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.decoder import Decoder
+from engine.forward import prefill_chunks
+from engine.kv import BufferPool, past_from_blocks
+from engine.loading import LoadedModel
+from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
+from store.interface import PrefixCache
+
+log = logging.getLogger(__name__)
+
+AUDIT_TOKENS = 8
+"""Steps of each audited hit compared: the first token's distribution and the next greedy choices."""
+AUDIT_CHUNK_TOKENS = 64
+"""Prompt tokens the audit prefills per idle step."""
+MAX_PENDING = 32
+"""Captured hits waiting for idle time; more are dropped (counted)."""
+RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
+"""Largest logit difference cached vs cold accepted, relative to the cold logits' largest magnitude.
+
+NOTE: float32 is the promise of docs/design.md (logits agree to 1e-4); the half-precision
+formats round each value to 8 (bfloat16) or 11 (float16) bits, and a different chunking of the same
+prompt moves logits by up to about 1 % of their range, the bound ``engine.decoder`` also allows."""
+
+
+@dataclass
+class AuditCapture:
+    """What a sampled hit produced (filled in on the model thread while it runs).
+
+    Attributes:
+        logits: the first token's logits ``[vocab_size]``, float32 on the CPU.
+        tokens: the tokens the hit fed after its prompt (sampled however it asked), at most
+            ``AUDIT_TOKENS``.
+        greedy: the argmax of the hit's logits at each of those steps.
+    """
+
+    namespace: Namespace
+    prompt_ids: tuple[int, ...]
+    cached_blocks: int
+    logits: torch.Tensor
+    tokens: list[int] = field(default_factory=list)
+    greedy: list[int] = field(default_factory=list)
+
+    def record(self, token: int, logits: torch.Tensor) -> None:
+        """One step of the hit: ``logits`` ``[vocab_size]`` and the token chosen from them."""
+        if len(self.tokens) < AUDIT_TOKENS:
+            self.tokens.append(token)
+            self.greedy.append(int(logits.argmax()))
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """The comparison of one hit with its cold recomputation.
+
+    Attributes:
+        block_hashes: the hit's cached blocks, in chain order.
+        max_logit_difference: max |hit - cold| over the first token's logits.
+        tolerance: the largest difference accepted (absolute, from ``RELATIVE_TOLERANCE``).
+        tokens_compared: greedy choices compared (the first token's included).
+        mismatch: beyond tolerance, or a greedy choice differs where the cold logits are no tie.
+    """
+
+    namespace: Namespace
+    prompt_tokens: int
+    cached_tokens: int
+    block_hashes: tuple[BlockHash, ...]
+    max_logit_difference: float
+    tolerance: float
+    tokens_compared: int
+    mismatch: bool
+
+
+class Auditor:
+    """Samples hits, recomputes them cold in idle time, reports ``AuditResult``s to listeners;
+    used only on the model thread except for ``counts``.
+
+    Args:
+        rate: fraction of hits audited (0 turns the audit off).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache: PrefixCache | None,
+        buffers: BufferPool,
+        decoder: Decoder,
+        rate: float,
+    ) -> None:
+        self.loaded, self.cache, self.buffers, self.decoder = loaded, cache, buffers, decoder
+        self.rate = rate if cache is not None else 0.0
+        self.listeners: list[Callable[[AuditResult], object]] = []
+        self.dropped = 0
+        self._pending: deque[AuditCapture] = deque()
+        self._current: Iterator[None] | None = None
+        self._random = random.Random()
+
+    def capture(
+        self, namespace: Namespace, prompt_ids: tuple[int, ...], cached_blocks: int, logits: torch.Tensor
+    ) -> AuditCapture | None:
+        """A capture for a hit sampled for audit (``cached_blocks`` > 0), else None."""
+        if cached_blocks == 0 or self.rate <= 0 or self._random.random() >= self.rate:
+            return None
+        return AuditCapture(namespace, prompt_ids, cached_blocks, logits.detach().float().cpu().clone())
+
+    def submit(self, capture: AuditCapture) -> None:
+        """Queue a finished capture for idle time (dropped and counted beyond ``MAX_PENDING``)."""
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending.append(capture)
+
+    @property
+    def pending(self) -> int:
+        """Captures waiting or being audited."""
+        return len(self._pending) + (self._current is not None)
+
+    def step(self) -> None:
+        """One idle step: the next chunk of the audit under way (starting the next one)."""
+        if self._current is None:
+            if not self._pending:
+                return
+            self._current = self._audit(self._pending.popleft())
+        try:
+            next(self._current)
+        except StopIteration:
+            self._current = None
+        except Exception:  # a bug in the audit must never stop the model thread
+            log.exception("cache audit failed")
+            self._current = None
+
+    @torch.inference_mode()
+    def _audit(self, capture: AuditCapture) -> Iterator[None]:
+        n = len(capture.prompt_ids)
+        buffers = self.buffers.acquire(n + AUDIT_TOKENS)
+        try:
+            past = past_from_blocks([], 0, buffers)
+            chunks = prefill_chunks(self.loaded.model, capture.prompt_ids, past, 0, AUDIT_CHUNK_TOKENS)
+            cold: list[torch.Tensor] = []
+            for logits in chunks:
+                cold[:] = [logits]
+                yield
+            for j, token in enumerate(capture.tokens[:-1]):
+                cold.append(self.decoder([token], [past], [n + j])[0])
+                yield
+        finally:
+            self.buffers.release(buffers)
+        self._report(capture, cold)
+
+    def _report(self, capture: AuditCapture, cold: list[torch.Tensor]) -> None:
+        tolerance = RELATIVE_TOLERANCE.get(self.loaded.kv_spec.dtype, 2e-2) * float(cold[0].abs().max())
+        difference = float((cold[0].float().cpu() - capture.logits).abs().max())
+        mismatch = difference > tolerance
+        for logits, greedy in zip(cold, capture.greedy, strict=False):
+            best = int(logits.argmax())
+            if best != greedy and float(logits[best] - logits[greedy]) > tolerance:
+                mismatch = True
+        hashes = block_hashes(capture.prompt_ids[: capture.cached_blocks * BLOCK_SIZE], capture.namespace)
+        result = AuditResult(
+            capture.namespace,
+            len(capture.prompt_ids),
+            min(capture.cached_blocks * BLOCK_SIZE, len(capture.prompt_ids) - 1),
+            tuple(hashes),
+            difference,
+            tolerance,
+            min(len(cold), len(capture.greedy)),
+            mismatch,
+        )
+        if mismatch and self.cache is not None:
+            log.warning(
+                "cache audit mismatch (max logit difference %.3g > %.3g): removing the prefix's %d blocks %s",
+                difference,
+                tolerance,
+                len(hashes),
+                " ".join(h.hex() for h in hashes),
+            )
+            self.cache.forget(capture.namespace, hashes)
+        for listener in self.listeners:
+            listener(result)

@@ -1,0 +1,78 @@
+"""The fidelity audit as the server reports it: Prometheus metrics and the recent results behind
+``/stats`` and the dashboard's audit panel (the audit itself is ``engine.audit``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engine.audit import AuditResult
+from engine.worker import Engine
+
+DIFFERENCE_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 1, 2, 5, 10)
+KEEP_RESULTS = 1000
+
+
+class AuditReport:
+    """Counts and keeps the results of ``engine``'s audit (``listen`` is called on its model
+    thread; ``summary`` from the server's)."""
+
+    def __init__(self, registry: CollectorRegistry, engine: Engine) -> None:
+        self.engine = engine
+        self.checks = Counter(
+            "kvproxy_audit_checks", "Cache hits recomputed cold by the audit", registry=registry
+        )
+        self.mismatches = Counter(
+            "kvproxy_audit_mismatches",
+            "Audited hits whose cold recomputation differed beyond the format's tolerance (blocks removed)",
+            registry=registry,
+        )
+        self.difference = Histogram(
+            "kvproxy_audit_max_logit_difference",
+            "Max absolute difference of the first token's logits, cached vs cold, per audited hit",
+            buckets=DIFFERENCE_BUCKETS,
+            registry=registry,
+        )
+        self._results: deque[tuple[float, AuditResult]] = deque(maxlen=KEEP_RESULTS)
+        self._lock = threading.Lock()
+        engine.on_audit(self.listen)
+
+    def listen(self, result: AuditResult) -> None:
+        self.checks.inc()
+        self.mismatches.inc(result.mismatch)
+        self.difference.observe(result.max_logit_difference)
+        with self._lock:
+            self._results.append((time.time(), result))
+
+    def summary(self, namespace_hex: str | None) -> dict[str, Any]:
+        """This process's audits of one namespace (a tenant) or all: counts, the largest logit
+        difference, and the last 20 results, newest first."""
+        with self._lock:
+            mine = [
+                (at, r)
+                for at, r in self._results
+                if namespace_hex is None or r.namespace.hex() == namespace_hex
+            ]
+        return {
+            "rate": self.engine.audit_rate,
+            "checks": len(mine),
+            "mismatches": sum(r.mismatch for _, r in mine),
+            "pending": self.engine.audits_pending,
+            "max_logit_difference": max((r.max_logit_difference for _, r in mine), default=None),
+            "recent": [
+                {
+                    "at": at,
+                    "prompt_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "max_logit_difference": r.max_logit_difference,
+                    "tolerance": r.tolerance,
+                    "tokens_compared": r.tokens_compared,
+                    "mismatch": r.mismatch,
+                }
+                for at, r in reversed(mine[-20:])
+            ],
+        }

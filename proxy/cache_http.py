@@ -1,0 +1,160 @@
+"""``kvproxy cache prewarm|export|import``: cache commands run against a running server over HTTP,
+so the server's own model, chat template, tenants and store decide what is cached."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import httpx
+from rich.progress import Progress
+
+TIMEOUT_S = 600.0
+
+
+def server_options(func: Any) -> Any:
+    """``--base-url`` and ``--api-key``."""
+    func = click.option(
+        "--api-key",
+        envvar="KVPROXY_API_KEY",
+        default=None,
+        help="API key (the tenant's; the admin key for export and import) [env KVPROXY_API_KEY]",
+    )(func)
+    return click.option(
+        "--base-url",
+        default="http://127.0.0.1:8000/v1",
+        show_default=True,
+        help="The server's OpenAI base URL.",
+    )(func)
+
+
+def client(base_url: str, api_key: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=TIMEOUT_S)
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"kvproxy: {message}", err=True)
+    sys.exit(1)
+
+
+def error_text(response: httpx.Response) -> str:
+    """The message of an OpenAI-shaped error answer, or its status line."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"
+
+
+def read_bodies(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
+    """``(line number, body)`` per non-empty line of a JSON-lines file; a line that is not a JSON
+    object is kept as its error message."""
+    bodies: list[tuple[int, dict[str, Any] | str]] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            body = json.loads(line)
+        except json.JSONDecodeError as exc:
+            bodies.append((number, f"not JSON: {exc.msg}"))
+            continue
+        bodies.append((number, body if isinstance(body, dict) else "not a JSON object"))
+    return bodies
+
+
+@click.command("prewarm")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@server_options
+def prewarm(file: Path, base_url: str, api_key: str | None) -> None:
+    """Cache the prompts of FILE (JSON lines of /v1/cache/prewarm bodies: `messages` or `prompt`,
+    optional `add_generation_prompt` and `ttl`) on a running server."""
+    bodies = read_bodies(file)
+    totals = {"prompts": 0, "stored_blocks": 0, "cached_blocks": 0, "failed": 0}
+    with client(base_url, api_key) as http, Progress(transient=True) as progress:
+        task = progress.add_task("prewarming", total=len(bodies))
+        for number, body in bodies:
+            outcome = body
+            if isinstance(body, dict):
+                try:
+                    response = http.post("/cache/prewarm", json=body)
+                    outcome = response.json() if response.status_code == 200 else error_text(response)
+                except httpx.HTTPError as exc:
+                    outcome = f"cannot reach {base_url}: {exc}"
+            if isinstance(outcome, str):
+                totals["failed"] += 1
+                progress.console.print(f"line {number}: {outcome}", style="red")
+            else:
+                totals["prompts"] += 1
+                totals["stored_blocks"] += outcome["stored_blocks"]
+                totals["cached_blocks"] += outcome["cached_blocks"]
+            progress.advance(task)
+    click.echo(json.dumps(totals))
+    if totals["failed"]:
+        sys.exit(1)
+
+
+@click.command("export")
+@click.option(
+    "--prompts",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON lines of prompts (prewarm bodies) whose cached blocks to export.",
+)
+@click.option("--all", "everything", is_flag=True, help="Export every cached block of the tenant.")
+@click.option("--tenant", default="default", show_default=True, help="Whose cache (a tenant name).")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Archive to write."
+)
+@server_options
+def export(
+    prompts: Path | None, everything: bool, tenant: str, out: Path, base_url: str, api_key: str | None
+) -> None:
+    """Write a snapshot of a running server's cached blocks (its admin key) to --out."""
+    if (prompts is None) == (not everything):
+        raise click.UsageError("give either --prompts FILE or --all")
+    body: dict[str, Any] = {"tenant": tenant, "all": everything}
+    if prompts is not None:
+        bodies = read_bodies(prompts)
+        if bad := [f"line {n}: {b}" for n, b in bodies if isinstance(b, str)]:
+            fail("; ".join(bad))
+        body["prompts"] = [b for _, b in bodies]
+    partial = out.with_name(out.name + ".partial")
+    try:
+        with client(base_url, api_key) as http, http.stream("POST", "/cache/export", json=body) as response:
+            if response.status_code != 200:
+                response.read()
+                fail(error_text(response))
+            with partial.open("wb") as file:
+                for data in response.iter_bytes():
+                    file.write(data)
+            blocks = response.headers.get("x-kvproxy-blocks", "?")
+    except httpx.HTTPError as exc:
+        partial.unlink(missing_ok=True)
+        fail(f"cannot reach {base_url}: {exc}")
+    partial.replace(out)
+    click.echo(json.dumps({"out": str(out), "blocks": int(blocks), "bytes": out.stat().st_size}))
+
+
+@click.command("import")
+@click.argument("snapshot", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@server_options
+def import_(snapshot: Path, base_url: str, api_key: str | None) -> None:
+    """Load a snapshot into a running server's index and blob store (its admin key); prints what
+    was imported, already cached and rejected, and exits 1 when a block was rejected."""
+    try:
+        with client(base_url, api_key) as http, snapshot.open("rb") as file:
+            headers = {"Content-Type": "application/x-tar"}
+            response = http.post("/cache/import", content=file, headers=headers)
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach {base_url}: {exc}")
+    if response.status_code != 200:
+        fail(error_text(response))
+    report = response.json()
+    click.echo(json.dumps(report, indent=2))
+    if report["rejected"]:
+        sys.exit(1)
+
+
+HTTP_COMMANDS = (prewarm, export, import_)

@@ -1,0 +1,108 @@
+"""``CacheAdmin``: what the HTTP server and the command line read and administer of a cache
+(the engine's side is ``store.interface.PrefixCache``). Implemented by ``store.admin.StoreAdmin``
+(no model needed) and, with snapshots, ``store.cache.BlockCache``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import IO, Any, Literal, Protocol
+
+from hashing import Namespace
+from store.snapshot_import import ImportReport
+from store.stats import CacheStats, GcReport
+
+CacheHealth = Literal["ok", "degraded", "disabled"]
+
+
+class CacheAdmin(Protocol):
+    """What the server and the command line read and administer. Every read answers None when
+    Redis is unreachable (never raises for it); ``clear`` raises so the caller can say so."""
+
+    def health(self) -> CacheHealth:
+        """``"ok"`` when the index answers, ``"degraded"`` while it does not."""
+        ...
+
+    def stats(self) -> CacheStats:
+        """A snapshot of this process's counters."""
+        ...
+
+    def usage(self) -> tuple[int, int] | None:
+        """``(blocks, bytes)`` the whole cache holds now."""
+        ...
+
+    def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
+        """Counters of every process sharing the index (or of one namespace), hit rates over the
+        last minute and hour and, for the deployment, blocks and bytes stored."""
+        ...
+
+    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
+        """Tokens queried and hit per minute over the last ``minutes``."""
+        ...
+
+    def hot_prefixes(
+        self, namespace: Namespace | None = None, readable: Namespace | None = None, n: int = 10
+    ) -> list[dict[str, Any]] | None:
+        """The ``n`` cached prefixes (of ``namespace``, or of all) that saved the most prompt
+        tokens, most first: ``namespace`` (hex), ``hits``, ``tokens_saved``, ``blocks``,
+        ``cached_tokens``, ``bytes``, ``ttl_seconds`` (left, None: no expiry) and ``token_ids``,
+        block 0's 128 token ids (verified against its hash) for namespace ``readable`` only, else
+        None. Prefixes whose last block expired are left out (and forgotten)."""
+        ...
+
+    def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:
+        """Per namespace that stored blocks (or is in ``known``) and has traffic: ``namespace``
+        (hex), all-time ``prompt_tokens``, ``cached_tokens`` and ``hit_rate``, and ``last_hour``
+        (``queried_tokens``, ``hit_tokens``, ``hit_rate``); most prompt tokens first."""
+        ...
+
+    def divergence(
+        self, namespace: Namespace, token_ids: Sequence[int], block: int
+    ) -> tuple[int, list[int]] | None:
+        """Where ``token_ids`` first differs from a cached sibling of its block ``block``:
+        ``(token position, the sibling's token ids)``, or None."""
+        ...
+
+    def indexed_blocks(self, namespace: Namespace, token_ids: Sequence[int]) -> int | None:
+        """How many leading full blocks of ``token_ids`` the index holds now (no TTL refreshed,
+        nothing counted, no blob read)."""
+        ...
+
+    def gc(self, grace_s: float | None = None) -> GcReport | None:
+        """Reconcile the index and the blob store now."""
+        ...
+
+    def clear(self, namespace_hex: str | None = None) -> int:
+        """Remove every block (or one namespace's); returns how many indexed blocks went.
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        ...
+
+    def export_snapshot(
+        self,
+        out: IO[bytes],
+        namespace: Namespace,
+        identity: dict[str, Any],
+        prompts: Sequence[Sequence[int]] | None = None,
+    ) -> dict[str, Any]:
+        """Write a snapshot archive (``store.snapshot``) of the cached full blocks of ``prompts``
+        (token ids), or of every block of ``namespace`` (None), to ``out``; ``identity`` goes
+        into the manifest. Returns the manifest.
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        ...
+
+    def import_snapshot(
+        self, source: IO[bytes], identity_for: Callable[[str], dict[str, Any]]
+    ) -> ImportReport:
+        """Store and index the blocks of a snapshot archive that verify (``store.snapshot``);
+        ``identity_for(tenant)`` is this deployment's identity for the manifest's tenant.
+
+        Raises:
+            store.snapshot.SnapshotError: not a snapshot, or one of another model or format.
+            redis.RedisError: Redis failed.
+        """
+        ...

@@ -1,0 +1,50 @@
+"""Hot prefixes on the in-memory index (``--redis-url memory://``), with a clock the test turns:
+ranked by tokens saved, TTL left from the last block, expired ones forgotten, at most ``KEEP``."""
+
+from __future__ import annotations
+
+from hashing import BLOCK_SIZE, block_hashes
+from store import hot
+from store.blobs import BlobStore
+from store.cache import BlockCache
+from store.entries import member_name
+from store.memory import Clock, MemoryIndex
+from tests.helpers import NS, SPEC, kv
+
+IDS = list(range(3 * BLOCK_SIZE + 10))
+
+
+def test_hot_prefixes_in_memory(tmp_path) -> None:
+    """Hits rank the prefixes; the TTL counts down on the clock; an expired prefix goes."""
+    clock = Clock()
+    index = MemoryIndex(clock)
+    cache = BlockCache(index, BlobStore(tmp_path), SPEC, ttl_s=600)
+    cache.save(NS, IDS, 0, *kv(3))
+    assert cache.flush(10)
+    cache.lookup(NS, IDS[: BLOCK_SIZE + 1])
+    for _ in range(3):
+        cache.lookup(NS, IDS)
+    assert cache.flush(10)
+    clock.advance(100)
+    rows = cache.hot_prefixes(NS, readable=NS)
+    assert [(r["hits"], r["tokens_saved"], r["blocks"], r["ttl_seconds"]) for r in rows] == [
+        (3, 3 * 384, 3, 500),
+        (1, 128, 1, 500),
+    ]
+    assert rows[0]["token_ids"] == IDS[:BLOCK_SIZE]
+    last = index.entries([member_name(NS, block_hashes(IDS, NS)[2])])[0]
+    assert last is not None and rows[0]["bytes"] == 3 * last.size
+    clock.advance(501)
+    assert cache.hot_prefixes(NS) == []
+
+
+def test_at_most_keep_prefixes_per_namespace(tmp_path, monkeypatch) -> None:
+    """Past ``KEEP`` prefixes, the one that saved the fewest tokens is dropped."""
+    monkeypatch.setattr(hot, "KEEP", 2)
+    cache = BlockCache(MemoryIndex(), BlobStore(tmp_path), SPEC, ttl_s=600)
+    cache.save(NS, IDS, 0, *kv(3))
+    assert cache.flush(10)
+    for blocks in (1, 2, 3):
+        cache.lookup(NS, IDS[: blocks * BLOCK_SIZE + 1])
+    assert cache.flush(10)
+    assert [r["tokens_saved"] for r in cache.hot_prefixes(NS)] == [384, 256]
