@@ -168,7 +168,9 @@ def summarize(name: str, results: list[Result], wall_s: float) -> Summary:
     """Percentiles, throughput (output tokens over ``wall_s`` seconds) and hit rate."""
 
     def pct(values: list[float], q: int) -> float:
-        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+        return (
+            statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+        )
 
     ttfts, latencies = [r.ttft_s for r in results], [r.latency_s for r in results]
     prompt, cached = sum(r.prompt_tokens for r in results), sum(r.cached_tokens for r in results)

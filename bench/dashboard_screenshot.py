@@ -16,9 +16,15 @@ Needs headless Chromium (Debian: apt-get install chromium).
 from __future__ import annotations
 
 import argparse
+import html
+import json
+import re
 import shutil
 import subprocess
 import time
+from typing import Any
+
+import httpx
 
 from bench.client import Client
 from bench.shared_prefix import QUESTIONS, SYSTEM
@@ -67,6 +73,9 @@ def main() -> None:
         "--wait", type=float, default=31.0, help="seconds to wait before the screenshot (a usage sample)"
     )
     parser.add_argument("--window-size", default="1300,2500", help="browser window WIDTH,HEIGHT (pixels)")
+    parser.add_argument(
+        "--tenant-out", default=None, help="also screenshot the first --api-keys tenant's view to this file"
+    )
     args = parser.parse_args()
 
     keys = [k.strip() for k in args.api_keys.split(",") if k.strip()] or ["unused"]
@@ -82,25 +91,67 @@ def main() -> None:
                     f"{result.cached_tokens:>6} {result.ttft_s:>7.3f}"
                 )
     time.sleep(args.wait)
-    page = f"{args.url}/dashboard" + (f"#key={args.key}" if args.key else "")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
-    subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--virtual-time-budget=5000",
-            "--hide-scrollbars",
-            f"--window-size={args.window_size}",
-            f"--screenshot={args.out}",
-            page,
-        ],
+    views = [(args.key, args.out)]
+    if args.tenant_out:
+        views.append((keys[0], args.tenant_out))
+    for key, out in views:
+        checked = shoot(args.url, key, out, args.window_size)
+        print(f"wrote {out}: {checked} figures on the page, each equal to /stats")
+
+
+def chromium(*args: str) -> str:
+    """Run headless Chromium with ``args``; its standard output."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    done = subprocess.run(
+        [binary, *flags, "--virtual-time-budget=5000", "--hide-scrollbars", *args],
         check=True,
         capture_output=True,
+        text=True,
     )
-    print(f"wrote {args.out}")
+    return done.stdout
+
+
+def shoot(url: str, key: str | None, out: str, window_size: str) -> int:
+    """Screenshot the dashboard as ``key`` sees it, after checking that every figure the page
+    shows (its ``data-field``/``data-value`` pairs) equals ``/stats``; returns how many it shows.
+
+    Raises:
+        SystemExit: a figure differs from /stats twice in a row (not a moment's change).
+    """
+    page = f"{url}/dashboard" + (f"#key={key}" if key else "")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for attempt in range(2):
+        dom = chromium("--dump-dom", page)
+        stats = httpx.get(f"{url}/stats", headers=headers, timeout=30).json()
+        shown = dict(re.findall(r'data-field="([\w.]+)"[^>]*data-value="([^"]*)"', dom))
+        differ = [
+            f for f, raw in shown.items() if not same(json.loads(html.unescape(raw)), field(stats, f), f)
+        ]
+        if not differ:
+            break
+        if attempt:
+            raise SystemExit(f"the page shows figures that differ from /stats: {differ}")
+    chromium(f"--window-size={window_size}", f"--screenshot={out}", page)
+    return len(shown)
+
+
+def field(stats: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of /stats (list items by index); None where it has none."""
+    value: Any = stats
+    for part in path.split("."):
+        if isinstance(value, list):
+            value = value[int(part)] if part.isdigit() and int(part) < len(value) else None
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def same(shown: Any, actual: Any, path: str) -> bool:
+    """The page shows /stats' figure (a TTL, counting down between the two reads, to 5 s)."""
+    if path.endswith(".ttl_seconds") and isinstance(shown, int) and isinstance(actual, int):
+        return 0 <= shown - actual <= 5
+    return bool(shown == actual)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 Verification proves a block is the block that was stored; the audit checks that what was stored
 was right. For a sampled hit the runner keeps the first token's logits and, for the first
-``AUDIT_TOKENS`` steps, the token fed and the logits' argmax (``AuditCapture``). When the model
-thread has nothing else to do, the auditor prefills the same prompt with no cache, one
-``AUDIT_CHUNK_TOKENS`` chunk per idle step (a request that arrives waits for one chunk at most),
-then feeds the hit's tokens and compares:
+``AUDIT_TOKENS`` steps, the token fed and the logits' argmax (``AuditCapture``). Once the model
+thread has had nothing else to do for ``engine.scheduler.IDLE_GRACE_S``, the auditor prefills the
+same prompt with no cache, one ``AUDIT_CHUNK_TOKENS`` chunk per idle step (a request that arrives
+meanwhile waits for that one chunk at most), then feeds the hit's tokens and compares:
 
 - the first token's logits: the max absolute difference, against the format's tolerance;
 - each step's greedy choice: a different argmax is a mismatch unless the cold logits hold the

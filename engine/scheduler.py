@@ -8,8 +8,9 @@ A sequence moves ``WAITING -> LOADING -> PREFILLING -> DECODING -> FINISHED``:
 - each step computes one prefill chunk of the first prefilling sequence, which then goes to the
   back of the line (prefills take turns, so a long prompt never holds up a short one for more
   than a chunk), and one decode step for every decoding sequence, batched;
-- with no request admitted or waiting, a step is an *idle* step when there is background work
-  (the fidelity audit, ``engine.audit``), one chunk of it at a time.
+- once no request has been admitted, waiting or computed for ``IDLE_GRACE_S``, a step is an
+  *idle* step when there is background work (the fidelity audit, ``engine.audit``), one chunk of
+  it at a time.
 
 Thread-safe: requests arrive on the server's thread, loaded prefixes on loader threads, and the
 model thread asks for steps.
@@ -18,12 +19,20 @@ model thread asks for steps.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.requests import EngineBusy, Finished
 from engine.sequence import Sequence, State
+
+IDLE_GRACE_S = 0.5
+"""Seconds without any request before background work starts.
+
+NOTE: so a client that sends its next request right after an answer (a chat turn, an agent's
+next call) never finds a background chunk in its way; a request that arrives during one waits
+for that one chunk only."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +47,8 @@ class Step:
 class Scheduler:
     """Queues and admission (see the module docstring)."""
 
-    def __init__(self, max_queue: int, max_batch: int) -> None:
-        self.max_queue, self.max_batch = max_queue, max_batch
+    def __init__(self, max_queue: int, max_batch: int, idle_grace_s: float = IDLE_GRACE_S) -> None:
+        self.max_queue, self.max_batch, self.idle_grace_s = max_queue, max_batch, idle_grace_s
         # NOTE: a deque under a condition rather than queue.Queue: a waiting request whose client
         # left must give its place back at once, not when the worker reaches it.
         self._waiting: deque[Sequence] = deque()
@@ -48,6 +57,7 @@ class Scheduler:
         self._decoding: list[Sequence] = []
         self._changed = threading.Condition()
         self._closing = False
+        self._busy_at = time.monotonic()  # when a request was last added or computed
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence.
@@ -60,6 +70,7 @@ class Scheduler:
             if len(self._waiting) >= self.max_queue:
                 raise EngineBusy
             self._waiting.append(seq)
+            self._busy_at = time.monotonic()
             self._changed.notify()
 
     def loaded(self, seq: Sequence) -> None:
@@ -85,17 +96,23 @@ class Scheduler:
                     load(seq)
                 if self._prefilling or self._decoding:
                     prefill = self._prefilling[0] if self._prefilling else None
+                    self._busy_at = time.monotonic()
                     return Step(prefill, list(self._decoding))
                 if self._closing and not self._waiting and not self._loading:
                     return None
+                quiet = time.monotonic() - self._busy_at
                 if not self._waiting and not self._loading and background():
-                    return Step(None, [], idle=True)
+                    if quiet >= self.idle_grace_s:
+                        return Step(None, [], idle=True)
+                    self._changed.wait(self.idle_grace_s - quiet)
+                    continue
                 self._changed.wait()
 
     def step_done(self, step: Step) -> None:
         """Move the sequences of a computed step on: a prefill not over goes to the back of the
         line, one that is over starts decoding; finished sequences leave."""
         with self._changed:
+            self._busy_at = time.monotonic()
             if step.prefill is not None:
                 self._prefilling.popleft()
                 if step.prefill.state is State.PREFILLING:

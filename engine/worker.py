@@ -128,6 +128,11 @@ class Engine:
         """Sampled hits waiting for idle time to be audited, or being audited."""
         return self.auditor.pending
 
+    @property
+    def audits_dropped(self) -> int:
+        """Sampled hits never audited: more were waiting than ``engine.audit.MAX_PENDING``."""
+        return self.auditor.dropped
+
     def stats(self) -> EngineStats:
         """A snapshot of the engine's token counters."""
         return self.runner.snapshot()

@@ -50,7 +50,8 @@ class AuditReport:
 
     def summary(self, namespace_hex: str | None) -> dict[str, Any]:
         """This process's audits of one namespace (a tenant) or all: counts, the largest logit
-        difference, and the last 20 results, newest first."""
+        difference, and the last 20 results, newest first (``pending`` and ``dropped``: every
+        namespace's sampled hits waiting, and never audited because too many were waiting)."""
         with self._lock:
             mine = [
                 (at, r)
@@ -62,6 +63,7 @@ class AuditReport:
             "checks": len(mine),
             "mismatches": sum(r.mismatch for _, r in mine),
             "pending": self.engine.audits_pending,
+            "dropped": self.engine.audits_dropped,
             "max_logit_difference": max((r.max_logit_difference for _, r in mine), default=None),
             "recent": [
                 {

@@ -52,8 +52,12 @@ def error_text(response: httpx.Response) -> str:
 def read_bodies(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
     """``(line number, body)`` per non-empty line of a JSON-lines file; a line that is not a JSON
     object is kept as its error message."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        fail(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})")
     bodies: list[tuple[int, dict[str, Any] | str]] = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -80,9 +84,11 @@ def prewarm(file: Path, base_url: str, api_key: str | None) -> None:
             if isinstance(body, dict):
                 try:
                     response = http.post("/cache/prewarm", json=body)
-                    outcome = response.json() if response.status_code == 200 else error_text(response)
                 except httpx.HTTPError as exc:
-                    outcome = f"cannot reach {base_url}: {exc}"
+                    fail(f"cannot reach {base_url}: {exc}")
+                if response.status_code in (401, 403):
+                    fail(error_text(response))
+                outcome = response.json() if response.status_code == 200 else error_text(response)
             if isinstance(outcome, str):
                 totals["failed"] += 1
                 progress.console.print(f"line {number}: {outcome}", style="red")
@@ -129,12 +135,18 @@ def export(
             with partial.open("wb") as file:
                 for data in response.iter_bytes():
                     file.write(data)
-            blocks = response.headers.get("x-kvproxy-blocks", "?")
+            blocks, skipped = (int(response.headers.get(f"x-kvproxy-{h}", 0)) for h in ("blocks", "skipped"))
     except httpx.HTTPError as exc:
         partial.unlink(missing_ok=True)
         fail(f"cannot reach {base_url}: {exc}")
     partial.replace(out)
-    click.echo(json.dumps({"out": str(out), "blocks": int(blocks), "bytes": out.stat().st_size}))
+    click.echo(
+        json.dumps({"out": str(out), "blocks": blocks, "skipped": skipped, "bytes": out.stat().st_size})
+    )
+    if skipped:
+        click.echo(
+            f"kvproxy: {skipped} listed blocks could not be read or verified and were left out", err=True
+        )
 
 
 @click.command("import")

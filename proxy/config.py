@@ -141,6 +141,7 @@ class Settings(ServerSettings):
         0.01,
         ge=0,
         le=1,
+        allow_inf_nan=False,
         description="Fraction of cache hits recomputed cold in idle time to check them (0: off).",
     )
     ram_cache_bytes: Bytes = Field(

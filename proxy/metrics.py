@@ -126,6 +126,11 @@ class _EngineAndStoreCollector(Collector):
         yield GaugeMetricFamily(
             "kvproxy_engine_running", "Requests being prefilled or decoded", value=self.engine.running
         )
+        yield CounterMetricFamily(
+            "kvproxy_audit_dropped",
+            "Hits sampled for the audit but never audited (too many were waiting for idle time)",
+            value=self.engine.audits_dropped,
+        )
         if self.cache is None:
             return
         s = self.cache.stats()

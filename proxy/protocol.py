@@ -57,6 +57,14 @@ class ChatMessage(_Lenient):
         return None
 
 
+def unsupported_content(messages: list[ChatMessage]) -> tuple[str, str] | None:
+    """``(param, reason)`` for the first message whose content parts are not all text."""
+    for i, message in enumerate(messages):
+        if (kind := message.unsupported()) is not None:
+            return f"messages[{i}].content", f"content parts of type `{kind}` are not supported; send text"
+    return None
+
+
 class StreamOptions(_Lenient):
     include_usage: bool = False
 
@@ -144,13 +152,7 @@ class ChatCompletionRequest(SamplingFields):
                 "response_format",
                 f"response_format `{self.response_format.type}` is not supported; use `text`",
             )
-        for i, message in enumerate(self.messages):
-            if (kind := message.unsupported()) is not None:
-                return (
-                    f"messages[{i}].content",
-                    f"content parts of type `{kind}` are not supported; send text",
-                )
-        return None
+        return unsupported_content(self.messages)
 
 
 class CompletionRequest(SamplingFields):

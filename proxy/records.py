@@ -62,7 +62,7 @@ class RequestLog:
             values = sorted(r.ttft_s for r in mine if r.kind == kind and r.at >= now - 3600)
             if not values:
                 return {"count": 0, "p50": None, "p95": None}
-            p95 = statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
+            p95 = statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
             return {"count": len(values), "p50": statistics.median(values), "p95": p95}
 
         misses = [r for r in mine if r.kind != "hit"][-20:]

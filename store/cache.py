@@ -117,8 +117,15 @@ class BlockCache(StoreAdmin):
         return self.writer.flush(timeout_s)
 
     def forget(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
-        """See ``PrefixCache.forget``: on the writer's thread, each block as a failed one is."""
-        self.writer.enqueue(lambda: self._lookup.discard(namespace, hashes))
+        """See ``PrefixCache.forget``: on the writer's thread, each block as a failed one is;
+        counted as evicted by the audit."""
+
+        def job() -> None:
+            self._lookup.discard(namespace, hashes)
+            self.recorder.add(evicted_audit=len(hashes))
+            self.share(namespace, evicted_audit=len(hashes))
+
+        self.writer.enqueue(job)
 
     def stats(self) -> CacheStats:
         return self.recorder.snapshot(ram_tier_bytes=self.ram.used_bytes)

@@ -40,10 +40,10 @@ CacheKind = Literal["hit", "partial", "miss"]
 """``hit``: every full block of the prompt came from the cache; ``partial``: some did; ``miss``:
 none did (a prompt under one block is always a miss)."""
 
-EvictionReason = Literal["ttl", "budget", "verification_failure", "gc"]
+EvictionReason = Literal["ttl", "budget", "verification_failure", "gc", "audit"]
 """``ttl``: expired and reclaimed; ``budget``: least recently used beyond the byte budget;
 ``verification_failure``: a blob that did not verify; ``gc``: orphans, entries without a blob and
-blobs without an entry."""
+blobs without an entry; ``audit``: blocks of a hit the fidelity audit found wrong."""
 
 
 def cache_kind(prompt_tokens: int, cached_blocks: int) -> CacheKind:

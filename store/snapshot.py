@@ -51,7 +51,11 @@ name, ``tenant`` picks the target namespace)."""
 
 
 class SnapshotError(ValueError):
-    """The archive cannot be imported here; the message says why (which field differs)."""
+    """The archive cannot be imported here; the message says why."""
+
+
+class SnapshotMismatch(SnapshotError):
+    """The snapshot was made by another model, format or layout; the message names the field."""
 
 
 def verify(

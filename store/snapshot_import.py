@@ -4,11 +4,12 @@ writer does (blob first, then the index entry)."""
 
 from __future__ import annotations
 
+import re
 import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import xxhash
 
@@ -18,7 +19,14 @@ from store.entries import new_entry
 from store.interface import KVSpec
 from store.parts import BlockIndex
 from store.serde import BlockVerificationError
-from store.snapshot import IDENTITY_FIELDS, SnapshotError, member_bytes, read_manifest, verify
+from store.snapshot import (
+    IDENTITY_FIELDS,
+    SnapshotError,
+    SnapshotMismatch,
+    member_bytes,
+    read_manifest,
+    verify,
+)
 
 
 @dataclass
@@ -48,8 +56,9 @@ def import_snapshot(
         ttl_s: the TTL in seconds of the imported index entries.
 
     Raises:
-        SnapshotError: not a snapshot, or one made by another model, format or layout (the
-            message names the first field of ``IDENTITY_FIELDS`` that differs).
+        SnapshotError: not a snapshot, or a tenant ``identity_for`` refuses.
+        SnapshotMismatch: a snapshot made by another model, format or layout (the message names
+            the first field of ``IDENTITY_FIELDS`` that differs).
         redis.RedisError: Redis failed.
     """
     try:
@@ -62,19 +71,49 @@ def import_snapshot(
         here = identity_for(tenant)
         for name in IDENTITY_FIELDS:
             if manifest.get(name) != here[name]:
-                raise SnapshotError(
+                raise SnapshotMismatch(
                     f"the snapshot's {name} {manifest.get(name)!r} differs from this server's {here[name]!r}"
                 )
+        blocks = manifest.get("blocks")
+        if not isinstance(blocks, list):
+            raise SnapshotError("not a kvproxy snapshot: the manifest's `blocks` is not a list")
         namespace = Namespace(bytes.fromhex(here["namespace"]))
-        report = ImportReport(tenant, here["namespace"], blocks=len(manifest.get("blocks") or []))
-        for block in manifest.get("blocks") or []:
+        report = ImportReport(tenant, here["namespace"], blocks=len(blocks))
+        for block in blocks:
             _import_block(tar, block, index, blobs, spec, namespace, ttl_s, report)
     return report
 
 
+class _Entry(NamedTuple):
+    block_hash: BlockHash
+    parent: BlockHash | None
+    position: int
+    digest: str
+
+
+def _entry(block: Any) -> _Entry:
+    """One block's manifest entry, checked.
+
+    Raises:
+        BlockVerificationError: naming the field that is missing or malformed.
+    """
+    if not isinstance(block, dict):
+        raise BlockVerificationError("its manifest entry is not an object")
+    fields = [block.get("hash"), block.get("parent") or "0" * 32]
+    if not all(isinstance(f, str) and re.fullmatch(r"[0-9a-f]{32}", f) for f in fields):
+        raise BlockVerificationError("its manifest entry's `hash` or `parent` is not 32 hex digits")
+    position, digest = block.get("index"), block.get("xxh3_128")
+    if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+        raise BlockVerificationError("its manifest entry's `index` is not a block position")
+    if not isinstance(digest, str):
+        raise BlockVerificationError("its manifest entry has no `xxh3_128` digest")
+    parent = BlockHash(bytes.fromhex(block["parent"])) if block.get("parent") else None
+    return _Entry(BlockHash(bytes.fromhex(block["hash"])), parent, position, digest)
+
+
 def _import_block(
     tar: tarfile.TarFile,
-    block: dict[str, Any],
+    block: Any,
     index: BlockIndex,
     blobs: BlobBackend,
     spec: KVSpec,
@@ -82,27 +121,24 @@ def _import_block(
     ttl_s: int,
     report: ImportReport,
 ) -> None:
-    name = str(block.get("hash"))
+    name = str(block.get("hash")) if isinstance(block, dict) else repr(block)
     try:
-        block_hash = BlockHash(bytes.fromhex(name))
-        parent = BlockHash(bytes.fromhex(block["parent"])) if block.get("parent") else None
-        position = int(block["index"])
+        entry = _entry(block)
         data = member_bytes(tar, f"blocks/{name}.safetensors")
-        if xxhash.xxh3_128_hexdigest(data) != block.get("xxh3_128"):
+        if xxhash.xxh3_128_hexdigest(data) != entry.digest:
             raise BlockVerificationError("its bytes differ from the manifest's digest (damaged)")
-        verify(data, namespace, spec, block_hash, parent, position)
-    except (KeyError, ValueError, TypeError, tarfile.TarError, BlockVerificationError) as exc:
-        reason = str(exc) if isinstance(exc, BlockVerificationError) else f"bad manifest entry ({exc!r})"
-        report.rejected.append({"hash": name, "reason": reason})
+        verify(data, namespace, spec, entry.block_hash, entry.parent, entry.position)
+    except (tarfile.TarError, BlockVerificationError) as exc:
+        report.rejected.append({"hash": name, "reason": str(exc)})
         return
-    if not index.missing(namespace, [block_hash])[0]:
+    if not index.missing(namespace, [entry.block_hash])[0]:
         report.already_cached += 1
         return
     try:
-        blobs.write(namespace, block_hash, data)
+        blobs.write(namespace, entry.block_hash, data)
     except OSError as exc:
         report.rejected.append({"hash": name, "reason": f"cannot be stored: {exc}"})
         return
-    entry = new_entry(blobs.name(namespace, block_hash), len(data), parent)
-    index.publish(namespace, block_hash, parent, position, entry, ttl_s, time.time())
+    index_entry = new_entry(blobs.name(namespace, entry.block_hash), len(data), entry.parent)
+    index.publish(namespace, entry.block_hash, entry.parent, entry.position, index_entry, ttl_s, time.time())
     report.imported += 1

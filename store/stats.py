@@ -28,8 +28,8 @@ class CacheStats:
         blocks_saved, save_errors, saves_dropped: blocks written; writes that failed; blocks not
             saved because the writer's queue was full.
         redis_errors: Redis operations that failed or timed out.
-        evicted_budget, evicted_ttl, evicted_orphan, evicted_gc: blocks removed by this process,
-            by cause (see ``EvictionReason``).
+        evicted_budget, evicted_ttl, evicted_orphan, evicted_gc, evicted_audit: blocks removed by
+            this process, by cause (see ``EvictionReason``).
         ram_tier_bytes: K/V bytes held in the RAM tier now (a gauge).
     """
 
@@ -49,6 +49,7 @@ class CacheStats:
     evicted_ttl: int = 0
     evicted_orphan: int = 0
     evicted_gc: int = 0
+    evicted_audit: int = 0
     ram_tier_bytes: int = 0
 
     @property
@@ -64,6 +65,7 @@ class CacheStats:
             "budget": self.evicted_budget,
             "verification_failure": self.verification_failures,
             "gc": self.evicted_gc + self.evicted_orphan,
+            "audit": self.evicted_audit,
         }
 
     def as_dict(self) -> dict[str, int]:

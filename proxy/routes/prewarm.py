@@ -21,7 +21,7 @@ from hashing import BLOCK_SIZE, num_full_blocks
 from proxy.auth import Tenant
 from proxy.errors import OpenAIError
 from proxy.protocol import ChatMessage
-from proxy.rendering import RenderError, render_chat
+from proxy.rendering import RenderError, render_messages
 from proxy.running import submit
 from proxy.state import CacheDep, EngineDep, SettingsDep
 from proxy.validation import check_model
@@ -60,9 +60,8 @@ def prompt_ids(engine: Engine, body: PrewarmRequest) -> list[int]:
     """
     tokenizer = engine.loaded.tokenizer
     if body.messages is not None:
-        messages = [m.for_template() for m in body.messages]
         try:
-            return render_chat(tokenizer, messages, add_generation_prompt=body.add_generation_prompt)
+            return render_messages(tokenizer, body.messages, add_generation_prompt=body.add_generation_prompt)
         except RenderError as exc:
             raise OpenAIError(400, exc.message, param=exc.param) from exc
     if isinstance(body.prompt, str):

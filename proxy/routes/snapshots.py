@@ -22,7 +22,7 @@ from proxy.routes.prewarm import PrewarmRequest, prompt_ids
 from proxy.state import CacheDep, EngineDep
 from store.admin_interface import CacheAdmin
 from store.connect import REDIS_ERRORS
-from store.snapshot import SnapshotError
+from store.snapshot import SnapshotError, SnapshotMismatch
 
 router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
 
@@ -45,6 +45,25 @@ def identity(engine: Engine, tenant: str) -> dict[str, Any]:
         "tenant": tenant,
         "namespace": loaded.namespace(tenant).hex(),
     }
+
+
+def tenants(request: Request) -> list[str]:
+    """The tenants this server serves: the API keys' (``proxy.auth``), or ``default`` without."""
+    api_keys: dict[str, str] | None = request.app.state.api_keys
+    return sorted(set(api_keys.values())) if api_keys is not None else [DEFAULT_TENANT]
+
+
+def known_tenant(request: Request, tenant: str, whose: str) -> str:
+    """``tenant`` when this server serves it.
+
+    Raises:
+        SnapshotError: naming the tenants it serves.
+    """
+    if tenant not in (served := tenants(request)):
+        raise SnapshotError(
+            f"{whose} tenant {tenant!r} is not a tenant of this server (its tenants: {', '.join(served)})"
+        )
+    return tenant
 
 
 def _cache(cache: CacheAdmin | None) -> CacheAdmin:
@@ -72,10 +91,21 @@ class ExportRequest(BaseModel):
 
 
 @router.post("/export")
-async def export(body: ExportRequest, engine: EngineDep, cache: CacheDep) -> StreamingResponse:
+async def export(
+    body: ExportRequest, request: Request, engine: EngineDep, cache: CacheDep
+) -> StreamingResponse:
     """A snapshot archive (``application/x-tar``) of the tenant's cached blocks of the prompts,
-    or of all its blocks; ``X-Kvproxy-Blocks`` says how many it holds."""
+    or of all its blocks; ``X-Kvproxy-Blocks`` says how many it holds and
+    ``X-Kvproxy-Skipped`` how many were listed but could not be read or verified.
+
+    Raises:
+        OpenAIError: 400 for a tenant this server does not serve, 404 when no block is cached.
+    """
     admin = _cache(cache)
+    try:
+        known_tenant(request, body.tenant, "the")
+    except SnapshotError as exc:
+        raise OpenAIError(400, str(exc), param="tenant", code="unknown_tenant") from exc
     prompts = None
     if body.prompts is not None:
         prompts = [await run_in_threadpool(prompt_ids, engine, p) for p in body.prompts]
@@ -88,6 +118,10 @@ async def export(body: ExportRequest, engine: EngineDep, cache: CacheDep) -> Str
     except REDIS_ERRORS as exc:
         out.close()
         raise _unavailable(exc) from exc
+    if not manifest["blocks"]:
+        out.close()
+        what = "the prompts" if prompts is not None else f"tenant {body.tenant!r}"
+        raise OpenAIError(404, f"nothing to export: no cached block of {what}", code="nothing_cached")
     out.seek(0)
 
     def chunks() -> Iterator[bytes]:
@@ -98,6 +132,7 @@ async def export(body: ExportRequest, engine: EngineDep, cache: CacheDep) -> Str
     headers = {
         "Content-Disposition": 'attachment; filename="kvproxy-snapshot.tar"',
         "X-Kvproxy-Blocks": str(len(manifest["blocks"])),
+        "X-Kvproxy-Skipped": str(manifest["skipped"]),
     }
     return StreamingResponse(chunks(), media_type="application/x-tar", headers=headers)
 
@@ -112,9 +147,15 @@ async def import_(request: Request, engine: EngineDep, cache: CacheDep) -> dict[
             source.write(data)
         source.seek(0)
         try:
-            report = await run_in_threadpool(admin.import_snapshot, source, lambda t: identity(engine, t))
-        except SnapshotError as exc:
+            report = await run_in_threadpool(
+                admin.import_snapshot,
+                source,
+                lambda t: identity(engine, known_tenant(request, t, "the snapshot's")),
+            )
+        except SnapshotMismatch as exc:
             raise OpenAIError(400, str(exc), code="snapshot_mismatch") from exc
+        except SnapshotError as exc:
+            raise OpenAIError(400, str(exc), code="invalid_snapshot") from exc
         except REDIS_ERRORS as exc:
             raise _unavailable(exc) from exc
     return {"object": "cache.import", **report.__dict__}

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from proxy.auth import get_tenant
 from proxy.errors import OpenAIError
 from proxy.protocol import ChatMessage, _Lenient
-from proxy.rendering import RenderError, render_chat
+from proxy.rendering import RenderError, render_messages
 from proxy.state import EngineDep
 from proxy.validation import check_model
 
@@ -48,10 +48,9 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
     if (body.messages is None) == (body.prompt is None):
         raise OpenAIError(400, "send exactly one of `messages` and `prompt`", param="messages")
     if body.messages is not None:
-        messages = [m.for_template() for m in body.messages]
         try:
             ids = await run_in_threadpool(
-                render_chat, tokenizer, messages, add_generation_prompt=body.add_generation_prompt
+                render_messages, tokenizer, body.messages, add_generation_prompt=body.add_generation_prompt
             )
         except RenderError as exc:
             raise OpenAIError(400, exc.message, param=exc.param) from exc

@@ -79,7 +79,10 @@ def test_clean_hits_never_mismatch(settings, tiny_model, serve) -> None:
             r = httpx.post(url, json=body, headers=headers, timeout=60)
             assert r.status_code == 200, r.text
             hits += r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            if i % 25 == 24:  # NOTE: audits run only in idle time; at most 32 wait for it
+                audited(server, key="adm")
         audit = audited(server, timeout_s=300, key="adm")
+        assert audit["dropped"] == 0
         assert hits > 250
         assert audit["checks"] == hits
         assert audit["mismatches"] == 0
@@ -110,6 +113,8 @@ def test_blocks_from_other_weights_are_caught_and_removed(settings, serve, tmp_p
         hashes = block_hashes(prompt[: 2 * BLOCK_SIZE], loaded.namespace("default"))
         assert all(h.hex() in caplog.text for h in hashes)
         assert metric(server, "kvproxy_audit_mismatches_total") == 1
+        evicted = 'kvproxy_cache_blocks_evicted_total{reason="audit"} 2.0'
+        assert evicted in httpx.get(f"{server.base_url}/metrics").text
         assert api.complete([*prompt, 7, 8]).cached_tokens == 0  # removed, so computed afresh
         api.flush()
         assert api.complete([*prompt, 9]).cached_tokens == 2 * BLOCK_SIZE  # now from these weights
@@ -126,3 +131,18 @@ def test_rate_zero_turns_the_audit_off(settings, tiny_model, serve, rate) -> Non
         api.flush()
         assert api.complete(prompt).cached_tokens == 2 * BLOCK_SIZE
         assert audited(server)["checks"] == 0
+
+
+def test_a_busy_server_drops_audits_and_counts_them(settings, tiny_model, serve) -> None:
+    """Back-to-back hits leave no idle time: at most 32 wait, the others are dropped (counted in
+    /stats and /metrics), and the waiting ones are audited once the server is idle."""
+    with serve(settings.model_copy(update={"audit_rate": 1.0}), tiny_model) as server:
+        api = Api(server)
+        prompt = random_tokens(300, seed=74)
+        api.complete(prompt)
+        api.flush()
+        for i in range(40):
+            api.complete([*prompt, i], max_tokens=1)
+        audit = audited(server)
+        assert audit["checks"] + audit["dropped"] == 40 and audit["checks"] >= 32
+        assert metric(server, "kvproxy_audit_dropped_total") == audit["dropped"]

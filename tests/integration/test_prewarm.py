@@ -144,3 +144,26 @@ def test_the_prewarm_command_reads_json_lines(settings, tiny_model, serve, tmp_p
         assert totals["prompts"] == 2 and totals["failed"] == 2 and totals["cached_blocks"] == 0
         assert totals["stored_blocks"] == server.app.state.cache.usage()[0]
         assert Api(server).complete(ids).cached_tokens == 2 * BLOCK_SIZE
+
+
+def test_what_chat_refuses_prewarm_refuses(settings, tiny_model, serve, tmp_path) -> None:
+    """Image content: 400 naming the part, as chat answers; the command stops at a refused key
+    and names a file that is not UTF-8 instead of a traceback."""
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    keyed = settings.model_copy(update={"api_keys": "ka=alpha"})
+    with serve(keyed, tiny_model) as server:
+        r = post(server, {"messages": image}, key="ka")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content"
+        (tmp_path / "two.jsonl").write_text(
+            json.dumps({"prompt": [1, 2]}) + "\n" + json.dumps({"prompt": [3]}) + "\n"
+        )
+        args = ["cache", "prewarm", str(tmp_path / "two.jsonl"), "--base-url", f"{server.base_url}/v1"]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1 and result.output.count("API key") == 1
+        (tmp_path / "utf16.jsonl").write_bytes("\ufeff{}".encode("utf-16"))
+        result = CliRunner().invoke(main, ["cache", "prewarm", str(tmp_path / "utf16.jsonl")])
+        assert result.exit_code == 1 and "is not UTF-8 text" in result.output

@@ -207,3 +207,60 @@ def test_export_all_of_a_tenant_with_the_admin_key(settings, other, tiny_model, 
             headers={"Authorization": "Bearer ka"},
         )
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 2 * BLOCK_SIZE
+
+
+def test_malformed_manifests_and_unknown_tenants_are_clear_errors(
+    settings, other, tiny_model, serve, tmp_path
+) -> None:
+    """A manifest whose `blocks` is not a list: 400; malformed entries: rejected one by one; a
+    tenant the server does not serve, on export or import: 400 naming its tenants; nothing cached
+    to export: 404, and the command exits 1 without writing a file."""
+    prompt = random_tokens(300, seed=88)
+    with serve(settings, tiny_model) as a:
+        Api(a).complete(prompt)
+        Api(a).flush()
+        _, archive = export(a, tmp_path, [prompt])
+        r = httpx.post(f"{a.base_url}/v1/cache/export", json={"all": True, "tenant": "nobody"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_tenant"
+        assert "its tenants: default" in r.json()["error"]["message"]
+        (tmp_path / "none.jsonl").write_text(json.dumps({"prompt": random_tokens(300, seed=89)}) + "\n")
+        out = tmp_path / "none.tar"
+        code, output = cli(
+            "export",
+            "--prompts",
+            str(tmp_path / "none.jsonl"),
+            "--out",
+            str(out),
+            "--base-url",
+            f"{a.base_url}/v1",
+        )
+        assert code == 1 and "nothing to export" in output and not out.exists()
+
+    def manifest_with(**changes):
+        def change(name: str, data: bytes) -> bytes:
+            return json.dumps(json.loads(data) | changes).encode() if name == "manifest.json" else data
+
+        return rewrite(archive, change)
+
+    with serve(other.model_copy(update={"api_keys": "ka=alpha", "admin_key": "adm"}), tiny_model) as b:
+        admin = {"Authorization": "Bearer adm"}
+        r = httpx.post(f"{b.base_url}/v1/cache/import", content=archive, headers=admin)
+        assert (
+            r.status_code == 400
+            and "tenant 'default' is not a tenant of this server" in r.json()["error"]["message"]
+        )
+    with serve(other, tiny_model) as b:
+        for blocks in ("abc", {"a": 1}, None):
+            r = import_bytes(b, manifest_with(blocks=blocks))
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_snapshot", blocks
+        entries = [
+            1,
+            None,
+            {"hash": "zz"},
+            {"hash": "0" * 32, "index": "x", "xxh3_128": "y"},
+            {"hash": "0" * 32, "index": 0},
+        ]
+        report = import_bytes(b, manifest_with(blocks=entries)).json()
+        assert report["imported"] == 0 and len(report["rejected"]) == 5
+        assert all("manifest entry" in r["reason"] for r in report["rejected"])
+        assert b.app.state.cache.usage() == (0, 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine.requests import EngineBusy, Finished, GenerationRequest, RequestHandle
@@ -74,11 +76,13 @@ def test_a_waiting_request_whose_client_left_gives_its_place_back() -> None:
 
 
 def test_background_work_gets_only_idle_steps() -> None:
-    """With audit work pending, an empty scheduler returns idle steps; a request that arrives
-    is computed first, and a closed scheduler stops even with background work left."""
-    scheduler = Scheduler(max_queue=8, max_batch=4)
+    """With audit work pending, a scheduler idle for the grace period returns idle steps; a
+    request that arrives is computed first, and the grace starts again after it; a closed
+    scheduler stops even with background work left."""
+    scheduler = Scheduler(max_queue=8, max_batch=4, idle_grace_s=0.2)
     load = load_into(scheduler, [])
     busy = lambda: True  # noqa: E731
+    time.sleep(0.2)
     assert scheduler.next_step(load, busy) == Step(None, [], idle=True)
     a = seq()
     scheduler.add(a)
@@ -86,6 +90,8 @@ def test_background_work_gets_only_idle_steps() -> None:
     assert step.prefill is a and not step.idle
     a.state = State.FINISHED
     scheduler.step_done(step)
+    started = time.monotonic()
     assert scheduler.next_step(load, busy).idle
+    assert time.monotonic() - started >= 0.19  # NOTE: a bound from below only: never too early
     scheduler.close()
     assert scheduler.next_step(load, busy) is None

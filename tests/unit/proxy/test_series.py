@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from proxy.records import RequestLog, RequestRecord
 from proxy.series import CACHED_TOKEN_BINS, ttft_by_cached_tokens, ttft_per_minute
 from proxy.usage import UsageHistory
 
@@ -58,3 +61,12 @@ def test_usage_history_skips_failed_reads() -> None:
     for _ in range(3):
         history.sample()
     assert [(p["blocks"], p["bytes"]) for p in history.points()] == [(3, 300), (5, 500)]
+
+
+def test_ttft_percentiles_stay_within_the_observed_times() -> None:
+    """Two misses of 1 s and 24 s: p95 lies between them (no extrapolation past the slowest)."""
+    log = RequestLog()
+    for ttft in (1.0, 24.0):
+        log.add(RequestRecord(time.time(), "ns", 100, 0, ttft, "miss", None, ttft, 0.0))
+    miss = log.summary(None)["ttft_seconds"]["miss"]
+    assert miss["count"] == 2 and 1.0 <= miss["p50"] <= miss["p95"] <= 24.0

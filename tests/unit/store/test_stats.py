@@ -32,6 +32,6 @@ def test_evictions_by_reason_and_unknown_counters() -> None:
     stats = CacheStats(
         evicted_ttl=1, evicted_budget=2, verification_failures=3, evicted_gc=4, evicted_orphan=5
     )
-    assert stats.evictions == {"ttl": 1, "budget": 2, "verification_failure": 3, "gc": 9}
+    assert stats.evictions == {"ttl": 1, "budget": 2, "verification_failure": 3, "gc": 9, "audit": 0}
     with pytest.raises(KeyError):
         StatsRecorder().add(no_such_counter=1)
