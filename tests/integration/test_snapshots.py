@@ -169,8 +169,7 @@ def test_export_all_of_a_tenant_with_the_admin_key(settings, other, tiny_model, 
             )
             assert r.status_code == 200
         Api(a).flush()
-        url = f"{a.base_url}/v1"
-        code, output = cli(
+        args = [
             "export",
             "--all",
             "--tenant",
@@ -178,23 +177,11 @@ def test_export_all_of_a_tenant_with_the_admin_key(settings, other, tiny_model, 
             "--out",
             str(tmp_path / "a.tar"),
             "--base-url",
-            url,
-            "--api-key",
-            "ka",
-        )
+            f"{a.base_url}/v1",
+        ]
+        code, output = cli(*args, "--api-key", "ka")
         assert code == 1 and "admin" in output.lower()
-        code, output = cli(
-            "export",
-            "--all",
-            "--tenant",
-            "alpha",
-            "--out",
-            str(tmp_path / "a.tar"),
-            "--base-url",
-            url,
-            "--api-key",
-            "adm",
-        )
+        code, output = cli(*args, "--api-key", "adm")
         assert code == 0 and json.loads(output)["blocks"] == 4
     with serve(other.model_copy(update={"api_keys": "ka=alpha", "admin_key": "adm"}), tiny_model) as b:
         code, output = cli(
