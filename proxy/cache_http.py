@@ -53,7 +53,7 @@ def read_bodies(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
     """``(line number, body)`` per non-empty line of a JSON-lines file; a line that is not a JSON
     object is kept as its error message."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
         fail(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})")
     bodies: list[tuple[int, dict[str, Any] | str]] = []

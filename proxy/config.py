@@ -47,7 +47,8 @@ def default_cache_dir() -> Path:
 class ServerSettings(BaseSettings):
     """What both commands are told: where to listen, the Redis, keys and request bounds."""
 
-    model_config = SettingsConfigDict(env_prefix="KVPROXY_", extra="ignore")
+    # NOTE: no NaN or infinity: a float setting that is not a number is refused as such
+    model_config = SettingsConfigDict(env_prefix="KVPROXY_", extra="ignore", allow_inf_nan=False)
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
@@ -141,7 +142,6 @@ class Settings(ServerSettings):
         0.01,
         ge=0,
         le=1,
-        allow_inf_nan=False,
         description="Fraction of cache hits recomputed cold in idle time to check them (0: off).",
     )
     ram_cache_bytes: Bytes = Field(

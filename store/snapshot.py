@@ -103,19 +103,19 @@ def write_snapshot(
     hashes: Iterable[BlockHash],
 ) -> dict[str, Any]:
     """Write the blocks ``hashes`` of ``namespace`` that are indexed, readable and verify into a
-    snapshot archive on ``out``; returns the manifest (its ``skipped`` counts the others).
+    snapshot archive on ``out``; returns the manifest. Blocks the index does not hold are left
+    out; its ``skipped`` counts the indexed ones that could not be read or did not verify.
 
     Raises:
         redis.RedisError: Redis failed; OSError: ``out`` cannot be written.
     """
     wanted = list(dict.fromkeys(hashes))
     missing = index.missing(namespace, wanted) if wanted else []
+    indexed = [h for h, gone in zip(wanted, missing, strict=True) if not gone]
     listed: list[dict[str, Any]] = []
     with tarfile.open(fileobj=out, mode="w|") as tar:
-        for block_hash, gone in zip(wanted, missing, strict=True):
+        for block_hash in indexed:
             try:
-                if gone:
-                    raise BlockVerificationError("not cached")
                 data = blobs.read(namespace, block_hash)
                 header = read_header(data)
                 parent = (
@@ -137,7 +137,7 @@ def write_snapshot(
                 }
             )
         manifest = {"kind": KIND, "snapshot_version": SNAPSHOT_VERSION, "created": time.time()}
-        manifest |= identity | {"blocks": listed, "skipped": len(wanted) - len(listed)}
+        manifest |= identity | {"blocks": listed, "skipped": len(indexed) - len(listed)}
         _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
@@ -151,11 +151,11 @@ def read_manifest(tar: tarfile.TarFile) -> dict[str, Any]:
     try:
         source = tar.extractfile(MANIFEST)
         manifest = json.loads(source.read()) if source is not None else None
-    except (KeyError, ValueError, tarfile.TarError) as exc:
+    except (KeyError, ValueError, RecursionError, tarfile.TarError) as exc:
         raise SnapshotError(f"not a kvproxy snapshot: no readable {MANIFEST} ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
         raise SnapshotError(f"not a kvproxy snapshot: {MANIFEST} is not of kind {KIND!r}")
-    if manifest.get("snapshot_version") != SNAPSHOT_VERSION:
+    if type(manifest.get("snapshot_version")) is not int or manifest["snapshot_version"] != SNAPSHOT_VERSION:
         version = manifest.get("snapshot_version")
         raise SnapshotError(f"snapshot_version {version!r} differs from this server's {SNAPSHOT_VERSION}")
     return manifest

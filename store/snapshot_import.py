@@ -67,21 +67,33 @@ def import_snapshot(
         raise SnapshotError(f"not a kvproxy snapshot: not a tar archive ({exc})") from exc
     with tar:
         manifest = read_manifest(tar)
-        tenant = str(manifest.get("tenant"))
+        tenant = manifest.get("tenant")
+        if not isinstance(tenant, str):
+            raise SnapshotError("not a kvproxy snapshot: the manifest names no tenant")
         here = identity_for(tenant)
         for name in IDENTITY_FIELDS:
-            if manifest.get(name) != here[name]:
+            theirs = manifest.get(name)
+            if type(theirs) is not type(here[name]) or theirs != here[name]:
                 raise SnapshotMismatch(
-                    f"the snapshot's {name} {manifest.get(name)!r} differs from this server's {here[name]!r}"
+                    f"the snapshot's {name} {theirs!r} differs from this server's {here[name]!r}"
                 )
         blocks = manifest.get("blocks")
         if not isinstance(blocks, list):
             raise SnapshotError("not a kvproxy snapshot: the manifest's `blocks` is not a list")
         namespace = Namespace(bytes.fromhex(here["namespace"]))
         report = ImportReport(tenant, here["namespace"], blocks=len(blocks))
-        for block in blocks:
-            _import_block(tar, block, index, blobs, spec, namespace, ttl_s, report)
+        # NOTE: parents first, so a block whose parent was rejected is rejected too: it could
+        # never be served (its K/V depends on the parent's)
+        rejected: set[str] = set()
+        for block in sorted(blocks, key=_depth):
+            _import_block(tar, block, index, blobs, spec, namespace, ttl_s, report, rejected)
     return report
+
+
+def _depth(block: Any) -> int:
+    """A manifest entry's block index, for ordering (malformed entries first)."""
+    position = block.get("index") if isinstance(block, dict) else None
+    return position if isinstance(position, int) else -1
 
 
 class _Entry(NamedTuple):
@@ -120,16 +132,20 @@ def _import_block(
     namespace: Namespace,
     ttl_s: int,
     report: ImportReport,
+    rejected: set[str],
 ) -> None:
     name = str(block.get("hash")) if isinstance(block, dict) else repr(block)
     try:
         entry = _entry(block)
+        if entry.parent is not None and entry.parent.hex() in rejected:
+            raise BlockVerificationError("its parent block was rejected, so it could never be served")
         data = member_bytes(tar, f"blocks/{name}.safetensors")
         if xxhash.xxh3_128_hexdigest(data) != entry.digest:
             raise BlockVerificationError("its bytes differ from the manifest's digest (damaged)")
         verify(data, namespace, spec, entry.block_hash, entry.parent, entry.position)
     except (tarfile.TarError, BlockVerificationError) as exc:
         report.rejected.append({"hash": name, "reason": str(exc)})
+        rejected.add(name)
         return
     if not index.missing(namespace, [entry.block_hash])[0]:
         report.already_cached += 1
@@ -138,6 +154,7 @@ def _import_block(
         blobs.write(namespace, entry.block_hash, data)
     except OSError as exc:
         report.rejected.append({"hash": name, "reason": f"cannot be stored: {exc}"})
+        rejected.add(name)
         return
     index_entry = new_entry(blobs.name(namespace, entry.block_hash), len(data), entry.parent)
     index.publish(namespace, entry.block_hash, entry.parent, entry.position, index_entry, ttl_s, time.time())

@@ -121,7 +121,12 @@ async def export(
     if not manifest["blocks"]:
         out.close()
         what = "the prompts" if prompts is not None else f"tenant {body.tenant!r}"
-        raise OpenAIError(404, f"nothing to export: no cached block of {what}", code="nothing_cached")
+        why = (
+            f" ({manifest['skipped']} indexed blocks could not be read or verified)"
+            if manifest["skipped"]
+            else ""
+        )
+        raise OpenAIError(404, f"nothing to export: no cached block of {what}{why}", code="nothing_cached")
     out.seek(0)
 
     def chunks() -> Iterator[bytes]:

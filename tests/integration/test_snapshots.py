@@ -71,8 +71,8 @@ def test_a_snapshot_moves_hits_to_a_fresh_deployment(settings, other, tiny_model
         expected = Api(a).complete([*prompt, 1, 2])
         Api(a).complete(second)
         Api(a).flush()
-        made, archive = export(a, tmp_path, [prompt, second + random_tokens(10, seed=1)])
-    assert made["blocks"] == 4 + 2
+        made, archive = export(a, tmp_path, [prompt, second + random_tokens(300, seed=1)])
+    assert (made["blocks"], made["skipped"]) == (4 + 2, 0)  # blocks never cached are not "skipped"
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))
     assert {k: manifest[k] for k in ("kind", "block_size", "kv_dtype", "weights", "tenant")} == {
@@ -114,17 +114,20 @@ def test_a_snapshot_of_another_model_is_refused(settings, other, tiny_model, ser
 def test_damaged_and_tampered_blocks_are_rejected_the_rest_imported(
     settings, other, tiny_model, serve, tmp_path
 ) -> None:
-    """One block's bytes flipped (the manifest's digest catches it); another's tensor changed with
-    the digest updated to match (the block's own checksum catches it): both reported, 3 imported,
-    and the chain is served up to the first rejected block."""
-    prompt = random_tokens(700, seed=84)
+    """One block's bytes flipped (the manifest's digest catches it, and its child is rejected with
+    it: it could never be served); another chain's block changed with the digest updated to match
+    (the block's own checksum catches it): all three reported, the other 5 imported, and each
+    chain served up to its first rejected block."""
+    prompt, other_prompt = random_tokens(700, seed=84), random_tokens(400, seed=90)
     with serve(settings, tiny_model) as a:
         Api(a).complete(prompt)
+        Api(a).complete(other_prompt)
         Api(a).flush()
-        _, archive = export(a, tmp_path, [prompt])
+        _, archive = export(a, tmp_path, [prompt, other_prompt])
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         blocks = json.load(tar.extractfile("manifest.json"))["blocks"]
-    damaged, tampered = blocks[3]["hash"], blocks[4]["hash"]
+    assert [b["index"] for b in blocks] == [0, 1, 2, 3, 4, 0, 1, 2]
+    damaged, child, tampered = blocks[3]["hash"], blocks[4]["hash"], blocks[7]["hash"]
 
     def change(name: str, data: bytes) -> bytes:
         if damaged in name:
@@ -148,11 +151,13 @@ def test_damaged_and_tampered_blocks_are_rejected_the_rest_imported(
 
     with serve(other, tiny_model) as b:
         report = import_bytes(b, rewrite(changed, fix_digest)).json()
-        assert report["imported"] == 3
+        assert report["imported"] == 5
         reasons = {r["hash"]: r["reason"] for r in report["rejected"]}
-        assert set(reasons) == {damaged, tampered}
+        assert set(reasons) == {damaged, child, tampered}
         assert "digest" in reasons[damaged] and "checksum" in reasons[tampered]
+        assert "parent block was rejected" in reasons[child]
         assert Api(b).complete(prompt).cached_tokens == 3 * BLOCK_SIZE
+        assert Api(b).complete(other_prompt).cached_tokens == 2 * BLOCK_SIZE
 
 
 def test_export_all_of_a_tenant_with_the_admin_key(settings, other, tiny_model, serve, tmp_path) -> None:
@@ -240,6 +245,12 @@ def test_malformed_manifests_and_unknown_tenants_are_clear_errors(
         for blocks in ("abc", {"a": 1}, None):
             r = import_bytes(b, manifest_with(blocks=blocks))
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_snapshot", blocks
+        for changes in ({"tenant": None}, {"block_size": 128.0}, {"snapshot_version": True}):
+            r = import_bytes(b, manifest_with(**changes))
+            assert r.status_code == 400, changes
+        nested = rewrite(archive, lambda n, d: b"[" * 100_000 + b"]" * 100_000 if n == "manifest.json" else d)
+        r = import_bytes(b, nested)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_snapshot"
         entries = [
             1,
             None,
