@@ -40,6 +40,19 @@ def cache_ttl(settings: Settings, retention: str | None) -> int:
     return min(RETENTION_S.get(retention or "", settings.ttl), settings.max_ttl)
 
 
+def check_prompt_length(engine: Engine, n: int, param: str) -> None:
+    """400 ``context_length_exceeded`` naming ``param`` unless an ``n``-token prompt leaves room
+    for at least one generated token."""
+    context = engine.loaded.context_length
+    if n >= context:
+        raise OpenAIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the prompt alone has {n}.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
 def completion_budget(
     engine: Engine, settings: Settings, n: int, max_tokens: int | None, prompt_param: str = "prompt"
 ) -> int:
@@ -51,14 +64,8 @@ def completion_budget(
     """
     if n == 0:
         raise OpenAIError(400, "the prompt is empty", param="prompt")
+    check_prompt_length(engine, n, prompt_param)
     context = engine.loaded.context_length
-    if n >= context:
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {context} tokens; the prompt alone has {n}.",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
     if max_tokens is None:
         return min(context - n, settings.default_max_tokens)
     if n + max_tokens > context:

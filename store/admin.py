@@ -7,6 +7,7 @@ The command line's ``kvproxy cache stats|gc|clear`` use it as it is; the serving
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache, partial
 from typing import Any
 
 from hashing import Namespace, block_hashes
@@ -47,6 +48,8 @@ class StoreAdmin:
         # may live on another node than a namespace's blocks, whose lookups must not stop with them.
         self.stats_guard = Guard(breaker_cooldown_s, self.recorder)
         self.hot = open_hot(index)
+        # NOTE: the hot prefixes' text is read from block 0's blob once: a hash names its tokens for good
+        self.root_tokens = lru_cache(maxsize=256)(partial(report.root_tokens, blobs))
         self._collector: GarbageCollector | None = None
 
     def health(self) -> CacheHealth:
@@ -74,7 +77,7 @@ class StoreAdmin:
     ) -> list[dict[str, Any]] | None:
         if self.hot is None:
             return None
-        args = (self.hot, self.blobs, namespace, readable, n)
+        args = (self.hot, self.root_tokens, namespace, readable, n)
         return self.stats_guard.redis("stats", report.hot_prefixes, *args)
 
     def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:

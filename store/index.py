@@ -200,9 +200,10 @@ class RedisIndex:
         """Remove a block's entry (after it failed verification or its blob vanished)."""
         self.reclaim([member_name(namespace, block_hash)], force=True)
 
-    def members(self, batch: int = 1000) -> Iterator[list[str]]:
-        """Every member of every namespace's LRU set, in batches (ZSCAN: safe while others write)."""
-        for ns in self._namespaces():
+    def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
+        """Every member of every namespace's (or one's) LRU set, in batches (ZSCAN: safe while
+        others write)."""
+        for ns in [namespace.hex()] if namespace is not None else self._namespaces():
             chunk: list[str] = []
             for member, _ in self.client.zscan_iter(self.keys.of(ns, "lru"), count=batch):
                 chunk.append(member.decode())

@@ -183,9 +183,9 @@ class MemoryIndex:
         self.lru.pop(member, None)
         self.sizes.pop(member, None)
 
-    def members(self, batch: int = 1000) -> Iterator[list[str]]:
+    def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
         with self._lock:
-            members = list(self.lru)
+            members = [m for m in self.lru if namespace is None or m.startswith(f"{namespace.hex()}:")]
         for start in range(0, len(members), batch):
             yield members[start : start + batch]
 

@@ -90,8 +90,8 @@ class BlockIndex(Protocol):
 
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None: ...
 
-    def members(self, batch: int = 1000) -> Iterator[list[str]]:
-        """Every accounted member, in batches."""
+    def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
+        """Every accounted member (of every namespace, or of one), in batches."""
         ...
 
     def entries(self, members: Sequence[str]) -> list[IndexEntry | None]: ...

@@ -6,10 +6,10 @@ guard, so callers above store/ get None instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from hashing import BLOCK_SIZE, Namespace, block_hashes, block_tokens
+from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, chain_hash
 from store.blob_backend import BlobBackend
 from store.hot import HotPrefix, HotPrefixes
 from store.parts import BlockIndex, Counters
@@ -68,11 +68,16 @@ def divergence(
 
 
 def hot_prefixes(
-    hot: HotPrefixes, blobs: BlobBackend, namespace: Namespace | None, readable: Namespace | None, n: int
+    hot: HotPrefixes,
+    read_root: Callable[[Namespace, BlockHash], tuple[int, ...]],
+    namespace: Namespace | None,
+    readable: Namespace | None,
+    n: int,
 ) -> list[dict[str, Any]]:
     """The ``n`` cached prefixes that saved the most tokens, of one namespace or all: their
     hits, tokens saved, length (blocks, tokens), bytes (blocks x the last block's blob bytes),
-    seconds left to live and, for namespace ``readable`` only, the token ids of block 0."""
+    seconds left to live and, for namespace ``readable`` only, the token ids of block 0 (from
+    ``read_root``, e.g. ``root_tokens``; None when they cannot be read)."""
     return [
         {
             "namespace": p.namespace.hex(),
@@ -82,21 +87,34 @@ def hot_prefixes(
             "cached_tokens": p.blocks * BLOCK_SIZE,
             "bytes": p.blocks * p.block_bytes,
             "ttl_seconds": p.ttl_s,
-            "token_ids": _root_tokens(blobs, p) if p.namespace == readable else None,
+            "token_ids": _readable(read_root, p) if p.namespace == readable else None,
         }
         for p in hot.top(namespace, n)
     ]
 
 
-def _root_tokens(blobs: BlobBackend, prefix: HotPrefix) -> list[int] | None:
-    """The token ids block 0's blob holds, verified against its hash (None: unreadable)."""
+def root_tokens(blobs: BlobBackend, namespace: Namespace, root: BlockHash) -> tuple[int, ...]:
+    """The token ids of block 0 named ``root``, read from its blob.
+
+    NOTE: the ids are the block's only if they hash to its name, so a wrong blob shows no text;
+    and a name stands for the same ids for good, so a caller may keep them.
+
+    Raises:
+        OSError: the blob cannot be read; BlockVerificationError: it is not that block's.
+    """
+    ids = read_token_ids(blobs.read(namespace, root))
+    if len(ids) != BLOCK_SIZE or chain_hash(namespace, ids) != root:
+        raise BlockVerificationError("block 0's token ids do not hash to its name")
+    return tuple(ids)
+
+
+def _readable(
+    read_root: Callable[[Namespace, BlockHash], tuple[int, ...]], prefix: HotPrefix
+) -> list[int] | None:
     try:
-        ids = read_token_ids(blobs.read(prefix.namespace, prefix.root))
+        return list(read_root(prefix.namespace, prefix.root))
     except (OSError, BlockVerificationError):
         return None
-    # NOTE: the ids are the block's only if they hash to its name: a wrong blob shows no text.
-    hashes = block_hashes(ids, prefix.namespace) if len(ids) == BLOCK_SIZE else []
-    return ids if hashes == [prefix.root] else None
 
 
 def tenant_rates(counters: Counters, hot: HotPrefixes | None, known: Sequence[str]) -> list[dict[str, Any]]:

@@ -88,9 +88,7 @@ def verify(
 
 def namespace_blocks(index: BlockIndex, namespace: Namespace) -> list[BlockHash]:
     """Every block the index holds for ``namespace``."""
-    ns = namespace.hex()
-    members = [m for batch in index.members() for m in batch if m.startswith(f"{ns}:")]
-    return [parse_member(m)[1] for m in members]
+    return [parse_member(m)[1] for batch in index.members(namespace=namespace) for m in batch]
 
 
 def write_snapshot(

@@ -21,20 +21,20 @@ from proxy.validation import check_request, generation_request
 router = APIRouter()
 
 
-def prompt_ids(engine: Engine, body: CompletionRequest) -> list[int]:
-    """Token ids of the prompt: a string is tokenized as is (with the tokenizer's own special
+def prompt_ids(engine: Engine, prompt: str | list[int]) -> list[int]:
+    """Token ids of a prompt: a string is tokenized as is (with the tokenizer's own special
     tokens); a list of ids is checked against the vocabulary.
 
     Raises:
         OpenAIError: a token id outside ``[0, vocab_size)`` (400).
     """
-    if isinstance(body.prompt, str):
-        return engine.loaded.tokenizer(body.prompt)["input_ids"]
+    if isinstance(prompt, str):
+        return list(engine.loaded.tokenizer(prompt)["input_ids"])
     vocab = engine.loaded.model.config.vocab_size
-    bad = next((t for t in body.prompt if not 0 <= t < vocab), None)
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
         raise OpenAIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
-    return list(body.prompt)
+    return list(prompt)
 
 
 @router.post("/v1/completions")
@@ -47,7 +47,7 @@ async def completions(
 ) -> Any:
     check_request(engine, body)
     top = body.logprobs or 0
-    ids = await run_in_threadpool(prompt_ids, engine, body)  # NOTE: big prompts take a while
+    ids = await run_in_threadpool(prompt_ids, engine, body.prompt)  # NOTE: big prompts take a while
     generation = generation_request(engine, settings, tenant, body, ids, body.max_tokens, top)
     started = await start(request, engine, generation)
     echoed = ""

@@ -22,9 +22,10 @@ from proxy.auth import Tenant
 from proxy.errors import OpenAIError
 from proxy.protocol import ChatMessage
 from proxy.rendering import RenderError, render_messages
+from proxy.routes.completions import prompt_ids as completion_prompt_ids
 from proxy.running import submit
 from proxy.state import CacheDep, EngineDep, SettingsDep
-from proxy.validation import check_model
+from proxy.validation import check_model, check_prompt_length
 
 router = APIRouter()
 
@@ -58,19 +59,14 @@ def prompt_ids(engine: Engine, body: PrewarmRequest) -> list[int]:
     Raises:
         OpenAIError: a message the chat template cannot render; a token id outside the vocabulary.
     """
-    tokenizer = engine.loaded.tokenizer
     if body.messages is not None:
         try:
-            return render_messages(tokenizer, body.messages, add_generation_prompt=body.add_generation_prompt)
+            return render_messages(
+                engine.loaded.tokenizer, body.messages, add_generation_prompt=body.add_generation_prompt
+            )
         except RenderError as exc:
             raise OpenAIError(400, exc.message, param=exc.param) from exc
-    if isinstance(body.prompt, str):
-        return list(tokenizer(body.prompt)["input_ids"])
-    vocab = engine.loaded.model.config.vocab_size
-    ids = list(body.prompt or [])
-    if (bad := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
-        raise OpenAIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
-    return ids
+    return completion_prompt_ids(engine, body.prompt or [])
 
 
 @router.post("/v1/cache/prewarm")
@@ -84,15 +80,7 @@ async def prewarm(
     if body.model is not None:
         check_model(engine, body.model)
     ids = await run_in_threadpool(prompt_ids, engine, body)
-    param = "messages" if body.messages is not None else "prompt"
-    if len(ids) > engine.loaded.context_length:
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {engine.loaded.context_length} tokens; "
-            f"the prompt has {len(ids)}.",
-            param=param,
-            code="context_length_exceeded",
-        )
+    check_prompt_length(engine, len(ids), "messages" if body.messages is not None else "prompt")
     blocks = num_full_blocks(len(ids))
     ttl = min(body.ttl or settings.ttl, settings.max_ttl)
     cached = 0

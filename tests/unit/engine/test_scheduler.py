@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -76,22 +76,29 @@ def test_a_waiting_request_whose_client_left_gives_its_place_back() -> None:
 
 
 def test_background_work_gets_only_idle_steps() -> None:
-    """With audit work pending, a scheduler idle for the grace period returns idle steps; a
-    request that arrives is computed first, and the grace starts again after it; a closed
-    scheduler stops even with background work left."""
-    scheduler = Scheduler(max_queue=8, max_batch=4, idle_grace_s=0.2)
+    """With audit work pending, a scheduler quiet for the grace period returns idle steps; right
+    after a request it keeps waiting (no idle step within the grace), and a request that arrives
+    meanwhile is computed first; a closed scheduler stops even with background work left."""
+    scheduler = Scheduler(max_queue=8, max_batch=4, idle_grace_s=0.0)
     load = load_into(scheduler, [])
     busy = lambda: True  # noqa: E731
-    time.sleep(0.2)
     assert scheduler.next_step(load, busy) == Step(None, [], idle=True)
-    a = seq()
+    scheduler.idle_grace_s = 3600.0  # NOTE: far longer than the test: the grace never runs out
+    a, b = seq(), seq()
     scheduler.add(a)
     step = scheduler.next_step(load, busy)
     assert step.prefill is a and not step.idle
     a.state = State.FINISHED
     scheduler.step_done(step)
-    started = time.monotonic()
-    assert scheduler.next_step(load, busy).idle
-    assert time.monotonic() - started >= 0.19  # NOTE: a bound from below only: never too early
+    steps: list[Step | None] = []
+    waiter = threading.Thread(target=lambda: steps.append(scheduler.next_step(load, busy)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and steps == []  # still within the grace: no idle step
+    scheduler.add(b)
+    waiter.join(10)
+    assert len(steps) == 1 and steps[0].prefill is b and not steps[0].idle
+    b.state = State.FINISHED
+    scheduler.step_done(steps[0])
     scheduler.close()
     assert scheduler.next_step(load, busy) is None
