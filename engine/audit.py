@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.decoder import Decoder
+from engine.decoding import Decoder
 from engine.forward import prefill_chunks
 from engine.kv import BufferPool, past_from_blocks
-from engine.loading import LoadedModel
+from engine.model.loading import LoadedModel
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
 from store.interface import PrefixCache
 
@@ -44,7 +44,7 @@ RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
 
 NOTE: float32 is the promise of docs/design.md (logits agree to 1e-4); the half-precision
 formats round each value to 8 (bfloat16) or 11 (float16) bits, and a different chunking of the same
-prompt moves logits by up to about 1 % of their range, the bound ``engine.decoder`` also allows."""
+prompt moves logits by up to about 1 % of their range, the bound ``engine.decoding`` also allows."""
 
 
 @dataclass

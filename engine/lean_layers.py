@@ -1,4 +1,4 @@
-"""The pieces of the lean decode step (``engine.decoder.LeanDecoder``): a pre-norm decoder layer
+"""The pieces of the lean decode step (``engine.decoding.LeanDecoder``): a pre-norm decoder layer
 for one new token per row, its gated MLP and norms, computed with the model's own weights and
 operations, in the same order as transformers' forward of that layer.
 """
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama import modeling_llama as _llama
 
-from engine.quantize import QuantizedLinear, can_fuse, fused
+from engine.model.quantize import QuantizedLinear, can_fuse, fused
 
 
 def same_code(fn: Any, reference: Any) -> bool:

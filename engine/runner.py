@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.audit import Auditor
-from engine.decoder import Decoder
+from engine.decoding import Decoder
 from engine.kv import BufferPool, blocks_from_past
-from engine.loading import LoadedModel
+from engine.model.loading import LoadedModel
 from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
 from engine.sampling import logprobs
 from engine.scheduler import Step

@@ -4,7 +4,7 @@ A sequence moves ``WAITING -> LOADING -> PREFILLING -> DECODING -> FINISHED``:
 
 - at most ``max_queue`` wait; beyond that ``add`` raises ``EngineBusy``;
 - at most ``max_batch`` are admitted at once (loading, prefilling or decoding); an admitted
-  sequence's cached prefix is loaded off the model thread (``engine.loader``);
+  sequence's cached prefix is loaded off the model thread (``engine.prefix_stage``);
 - each step computes one prefill chunk of the first prefilling sequence, which then goes to the
   back of the line (prefills take turns, so a long prompt never holds up a short one for more
   than a chunk), and one decode step for every decoding sequence, batched;

@@ -22,11 +22,11 @@ from collections.abc import Callable
 import torch
 
 from engine.audit import Auditor, AuditResult
-from engine.decoder import Decoder, pick_decoder
+from engine.decoding import Decoder, pick_decoder
 from engine.forward import use_batched_attention
 from engine.kv import BufferPool
-from engine.loader import PrefixLoader
-from engine.loading import LoadedModel
+from engine.model.loading import LoadedModel
+from engine.prefix_stage import PrefixLoader
 from engine.requests import Event, GenerationRequest, RequestHandle
 from engine.runner import EngineStats, Runner
 from engine.sampling import Sampler

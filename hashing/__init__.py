@@ -2,8 +2,9 @@
 
 Pure functions, no I/O. The rules are normative (docs/design.md, "Block identity"):
 
-- namespace ``N = xxh3_128(canonical JSON of {format_version, model_fingerprint, kv_dtype,
-  weights, device, block_size, tenant})``;
+- namespace ``N = NamespaceIdentity(...).digest()``, ``xxh3_128`` of the canonical JSON of
+  {format_version, model_fingerprint, kv_dtype, weights, device, block_size, tenant}
+  (``hashing.identity``);
 - block 0: ``h0 = xxh3_128(N || ids[0:128] as little-endian uint32)``;
 - block i: ``hi = xxh3_128(h(i-1) || ids[128i:128i+128] as little-endian uint32)``.
 
@@ -21,10 +22,10 @@ from hashing.blocks import (
     block_tokens,
     chain_hash,
     encode_token_ids,
-    namespace_digest,
     num_full_blocks,
     reusable_tokens,
 )
+from hashing.identity import NamespaceIdentity
 from hashing.route import BYTES_PER_TOKEN, TEXT_BLOCK_BYTES, route_namespace
 
 __all__ = [
@@ -34,11 +35,11 @@ __all__ = [
     "TEXT_BLOCK_BYTES",
     "BlockHash",
     "Namespace",
+    "NamespaceIdentity",
     "block_hashes",
     "block_tokens",
     "chain_hash",
     "encode_token_ids",
-    "namespace_digest",
     "num_full_blocks",
     "reusable_tokens",
     "route_namespace",

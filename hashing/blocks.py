@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Sequence
 from typing import NewType
@@ -19,47 +18,7 @@ BlockHash = NewType("BlockHash", bytes)
 """16-byte xxh3-128 digest naming one block and, through the chain, all blocks before it."""
 
 Namespace = NewType("Namespace", bytes)
-"""16-byte xxh3-128 digest of what makes K/V reusable: format, model, KV dtype, block size, tenant."""
-
-
-def namespace_digest(
-    *,
-    model_fingerprint: str,
-    kv_dtype: str,
-    tenant: str,
-    weights: str = "full",
-    device: str = "cpu",
-    block_size: int = BLOCK_SIZE,
-    format_version: int = FORMAT_VERSION,
-) -> Namespace:
-    """Digest of everything that must match for two requests to share K/V.
-
-    Args:
-        model_fingerprint: digest of the model's weight files and config (see
-            ``engine.resolve.model_fingerprint``), so a changed checkpoint never reuses old K/V.
-        kv_dtype: torch dtype name of the stored K/V, e.g. ``"float32"``.
-        tenant: tenant id derived from the authenticated API key (never from the request body).
-        weights: the weight format of the model's linear layers (``"full"``, ``"int4"``, ...):
-            K/V computed by quantized weights is never reused by full ones, or the reverse.
-        device: the kind of device that computed the K/V (``"cpu"``, ``"cuda"``): kernels differ
-            between kinds, so K/V from one is never served to the other.
-        block_size: tokens per block.
-        format_version: ``FORMAT_VERSION`` unless testing.
-
-    Returns:
-        16 bytes: ``xxh3_128`` of the canonical JSON (sorted keys, no spaces, UTF-8).
-    """
-    doc = {
-        "block_size": block_size,
-        "device": device,
-        "format_version": format_version,
-        "kv_dtype": kv_dtype,
-        "model_fingerprint": model_fingerprint,
-        "tenant": tenant,
-        "weights": weights,
-    }
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return Namespace(xxhash.xxh3_128_digest(canonical.encode("utf-8")))
+"""16-byte xxh3-128 digest of what makes K/V reusable (``hashing.identity.NamespaceIdentity``)."""
 
 
 def encode_token_ids(token_ids: Sequence[int]) -> bytes:
@@ -106,7 +65,7 @@ def block_hashes(
 
     Args:
         token_ids: the prompt (or prompt + completion) as token ids, length n.
-        namespace: from ``namespace_digest``; the root of the chain.
+        namespace: ``NamespaceIdentity.digest()``; the root of the chain.
         block_size: tokens per block.
 
     Returns:

@@ -7,47 +7,27 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from engine.loading import LoadedModel, load_model_apart
+from engine.model.loading import LoadedModel, load_model_apart
 from engine.worker import Engine
-from proxy.auth import parse_api_keys
-from proxy.config import ServerSettings, Settings
-from proxy.errors import install_error_handlers
-from proxy.limits import BodySizeLimit, header_timeout_protocol
-from proxy.metrics import Metrics, RequestMetrics
-from proxy.routes import (
-    cache,
-    chat,
-    completions,
-    health,
-    messages,
-    models,
-    observe,
-    prewarm,
-    snapshots,
-    tokenize,
-)
+from proxy.anthropic import messages
+from proxy.cache_api import admin as cache_admin
+from proxy.cache_api import prewarm, snapshots
+from proxy.config import Settings
+from proxy.http.auth import parse_api_keys
+from proxy.http.errors import install_error_handlers
+from proxy.http.limits import BodySizeLimit
+from proxy.observe import api as observe_api
+from proxy.observe import health
+from proxy.observe.metrics import Metrics, RequestMetrics
+from proxy.observe.usage import UsageHistory
+from proxy.openai import chat, completions, models, tokenize
 from proxy.stores import open_cache
-from proxy.usage import UsageHistory
 
 log = logging.getLogger(__name__)
-
-
-def server_config(app: FastAPI, settings: ServerSettings, **options: Any) -> uvicorn.Config:
-    """uvicorn's configuration for ``app``: ``settings``' address, incomplete requests closed
-    after ``--header-timeout``; ``options`` override."""
-    return uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        http=header_timeout_protocol(settings.header_timeout),
-        **options,
-    )
 
 
 def create_app(settings: Settings | None = None, loaded: LoadedModel | None = None) -> FastAPI:
@@ -78,11 +58,12 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             model = dataclasses.replace(model, name=names[0], aliases=names)
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)
         engine = Engine(model, block_cache, settings.max_queue, settings.max_batch, settings.audit_rate)
-        app.state.settings, app.state.cache, app.state.engine = settings, block_cache, engine
+        admin = block_cache.admin if block_cache is not None else None
+        app.state.settings, app.state.cache, app.state.engine = settings, admin, engine
         app.state.started = time.time()
-        app.state.metrics = Metrics(engine, block_cache)
-        app.state.usage = UsageHistory(block_cache.usage if block_cache is not None else lambda: None)
-        if block_cache is not None:
+        app.state.metrics = Metrics(engine, admin)
+        app.state.usage = UsageHistory(admin.usage if admin is not None else lambda: None)
+        if admin is not None:
             app.state.usage.start()
         log.info(
             "serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_location
@@ -100,6 +81,17 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
     )
     app.add_middleware(RequestMetrics)
     install_error_handlers(app)
-    for module in (chat, completions, messages, tokenize, models, health, prewarm, snapshots, cache, observe):
+    for module in (
+        chat,
+        completions,
+        messages,
+        tokenize,
+        models,
+        health,
+        prewarm,
+        snapshots,
+        cache_admin,
+        observe_api,
+    ):
         app.include_router(module.router)
     return app

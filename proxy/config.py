@@ -12,7 +12,8 @@ from urllib.request import url2pathname
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store.connect import SCHEMES, check_url
+from proxy.router.policy import Policy
+from store.index.redis.connect import SCHEMES, check_url
 
 _UNITS = {
     "": 1,
@@ -199,9 +200,7 @@ class RouteSettings(ServerSettings):
         description="Known model name or checkpoint directory whose tokenizer and chat template render "
         "prompts to token ids as the replicas do (default: hash the prompt's text).",
     )
-    policy: Literal["cache-aware", "least-loaded", "round-robin"] = Field(
-        "cache-aware", description="How a replica is chosen."
-    )
+    policy: Policy = Field("cache-aware", description="How a replica is chosen.")
     route_ttl: int = Field(
         600, gt=0, description="Seconds a replica is assumed to keep a prompt's blocks after its last use."
     )

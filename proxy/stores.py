@@ -1,4 +1,4 @@
-"""The one place the cache is opened from settings: the Redis client, the blob store, the budget.
+"""The one place the cache is opened from settings: the index, the blob store, the budget.
 
 ``open_cache`` builds the serving cache (``kvproxy serve``); ``open_admin`` the administrative
 view the ``kvproxy cache`` commands use (no model needed).
@@ -10,35 +10,21 @@ import logging
 import shutil
 from urllib.parse import urlsplit
 
-import redis
 import torch
 
-from proxy.config import ServerSettings, Settings
-from store import connect
+from proxy.config import Settings
+from store import open as store_open
 from store.admin import StoreAdmin
-from store.blob_backend import BlobBackend
-from store.blobs import FileBlobStore
+from store.blobs.base import BlobBackend
 from store.cache import BlockCache
-from store.index import RedisIndex
+from store.index.base import BlockIndex
 from store.interface import KVSpec
-from store.memory import MemoryIndex
-from store.parts import BlockIndex
-from store.s3 import S3BlobStore, s3_client
+from store.parts import CacheOptions, StoreParts
 
 log = logging.getLogger(__name__)
 
 RAM_BLOCKS_WARNING = 16
 """A RAM tier holding fewer blocks than this (2,048 tokens) is worth a warning at start."""
-
-
-def redis_client(settings: ServerSettings) -> redis.Redis:
-    """The client ``--redis-url`` names (one server, a Cluster or Sentinel, ``store.connect``),
-    every operation failing within ``--redis-timeout`` seconds and never retried.
-
-    Raises:
-        RedisURLError: a URL that cannot be used.
-    """
-    return connect.redis_client(settings.redis_url, settings.redis_timeout)
 
 
 def blob_budget(settings: Settings) -> int:
@@ -58,30 +44,41 @@ def blob_budget(settings: Settings) -> int:
     return shutil.disk_usage(settings.blob_root).free // 2
 
 
-MEMORY_URL = "memory://"
-"""``--redis-url memory://``: the index in this process (``store.memory``), for one process alone."""
-
-
 def open_index(settings: Settings) -> BlockIndex:
-    """The block index ``--redis-url`` names: Redis, or this process's memory (Redis is not
-    contacted yet)."""
-    if settings.redis_url.startswith(MEMORY_URL):
-        return MemoryIndex()
-    return RedisIndex(redis_client(settings), settings.key_prefix)
+    """The block index ``--redis-url`` names (``store.open``), every Redis operation failing
+    within ``--redis-timeout`` seconds; nothing is contacted yet.
+
+    Raises:
+        ValueError: a URL that cannot be used.
+    """
+    return store_open.open_index(
+        settings.redis_url, key_prefix=settings.key_prefix, timeout_s=settings.redis_timeout
+    )
 
 
 def open_blobs(settings: Settings) -> BlobBackend:
-    """The blob store ``--blob-url`` (or ``--blob-dir``) names: a directory, or an S3 bucket whose
-    reads time out after ``--cache-read-timeout`` seconds (nothing is contacted yet)."""
-    url = urlsplit(settings.blob_location)
-    if url.scheme == "s3":
-        return S3BlobStore(url.netloc, url.path, s3_client(settings.cache_read_timeout))
-    return FileBlobStore(settings.blob_root)
+    """The blob store ``--blob-url`` (or ``--blob-dir``) names, reads timing out after
+    ``--cache-read-timeout`` seconds; nothing is contacted yet."""
+    return store_open.open_blobs(settings.blob_location, read_timeout_s=settings.cache_read_timeout)
 
 
 def open_admin(settings: Settings) -> StoreAdmin:
-    """The administrative view of the cache ``settings`` point at."""
-    return StoreAdmin(open_index(settings), open_blobs(settings), breaker_cooldown_s=settings.redis_retry)
+    """The administrative view of the cache ``settings`` point at (no model, no writer)."""
+    parts = StoreParts.open(open_index(settings), open_blobs(settings), cooldown_s=settings.redis_retry)
+    return StoreAdmin(parts, cache_options(settings, budget=None))
+
+
+def cache_options(settings: Settings, budget: int | None) -> CacheOptions:
+    """The serving cache's knobs from ``settings``, with the byte budget ``budget``."""
+    return CacheOptions(
+        ttl_s=settings.ttl,
+        max_bytes=budget,
+        breaker_cooldown_s=settings.redis_retry,
+        ram_bytes=settings.ram_cache_bytes,
+        read_timeout_s=settings.cache_read_timeout,
+        gc_grace_s=settings.gc_grace,
+        pin_memory=torch.device(settings.device).type == "cuda",
+    )
 
 
 def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
@@ -93,19 +90,8 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         blobs.check()
     except OSError as exc:
         log.warning("blob store %s is unreachable (%s): every save fails until it answers", blobs.url, exc)
-    cache = BlockCache(
-        open_index(settings),
-        blobs,
-        spec,
-        ttl_s=settings.ttl,
-        max_bytes=budget,
-        breaker_cooldown_s=settings.redis_retry,
-        ram_bytes=settings.ram_cache_bytes,
-        read_timeout_s=settings.cache_read_timeout,
-        gc_grace_s=settings.gc_grace,
-        pin_memory=torch.device(settings.device).type == "cuda",
-    )
-    cache.start_gc(settings.gc_interval)
+    cache = BlockCache(open_index(settings), blobs, spec, cache_options(settings, budget))
+    cache.admin.start_gc(settings.gc_interval)
     ram_blocks = settings.ram_cache_bytes // spec.block_bytes
     log.info(
         "blob store %s: budget %.1f MB (--max-cache-bytes); RAM tier %.1f MB, %d blocks (--ram-cache-bytes)",
@@ -122,7 +108,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
             ram_blocks,
             spec.block_bytes,
         )
-    if cache.health() != "ok":
+    if cache.admin.health() != "ok":
         log.warning(
             "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "
             "KVPROXY_REDIS_URL / --redis-url; caching starts on its own once it answers.",

@@ -1,24 +1,13 @@
-"""The prefix KV cache: a Redis index of blocks plus a safetensors blob store.
+"""The prefix KV cache: a block index (Redis) plus a blob store (safetensors), behind a facade.
 
-``store.interface`` holds the contracts (``PrefixCache`` for the engine, ``CacheAdmin`` for the
-server) and value types; ``store.outcomes`` the typed outcomes; ``store.cache.BlockCache`` is the
-facade over the parts (index, blobs, serde, RAM tier, lookup, writer, gc).
+Nothing is imported here, so ``import store.index.redis.connect`` (the router, the command line)
+loads no torch. The rooms:
+
+- ``interface``, ``admin_interface``: the contracts (``PrefixCache`` for the engine, ``CacheAdmin``
+  for the server); ``outcomes``, ``stats``, ``errors``: typed results.
+- ``cache`` (the facade), ``lookup``, ``writer``, ``ram``, ``serde``, ``admin``, ``gc``,
+  ``report``: the cache itself; ``parts`` what they share; ``open`` the backends by URL.
+- ``index/``: the block index (``base`` contracts, ``redis/``, ``memory/``).
+- ``blobs/``: the blob store (``base`` contract, ``file``, ``s3``).
+- ``snapshot/``: portable archives (``format``, ``export``, ``importer``).
 """
-
-from store.admin_interface import CacheAdmin
-from store.interface import KVBlock, KVSpec, PrefixCache, PrefixMatch
-from store.outcomes import CacheKind, EvictionReason, MissReason
-from store.stats import CacheStats, GcReport
-
-__all__ = [
-    "CacheAdmin",
-    "CacheKind",
-    "CacheStats",
-    "EvictionReason",
-    "GcReport",
-    "KVBlock",
-    "KVSpec",
-    "MissReason",
-    "PrefixCache",
-    "PrefixMatch",
-]

@@ -1,121 +1,164 @@
-"""``StoreAdmin``: the administrative side of a cache (``CacheAdmin``), which needs no model.
+"""``StoreAdmin``: the administrative side of a cache (``CacheAdmin``).
 
-The command line's ``kvproxy cache stats|gc|clear`` use it as it is; the serving cache
-(``store.cache.BlockCache``) extends it with lookups, saves and a RAM tier.
+Alone (no model, no writer) it is what the command line's ``kvproxy cache stats|gc|clear`` use;
+the serving cache (``store.cache.BlockCache``) holds one with its writer and K/V layout, which
+adds snapshots and keeps the byte budget after a collection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache, partial
-from typing import Any
+from typing import IO, Any, TypeVar
 
-from hashing import Namespace, block_hashes
+from hashing import Namespace, NamespaceIdentity, block_hashes
 from store import report
 from store.admin_interface import CacheHealth
-from store.blob_backend import BlobBackend
+from store.errors import StoreUnavailable
 from store.gc import GarbageCollector, clear, collect
-from store.guard import Guard
-from store.hot import open_hot
-from store.parts import BlockIndex
-from store.stats import CacheStats, GcReport, StatsRecorder
+from store.interface import KVSpec
+from store.parts import CacheOptions, StoreParts
+from store.snapshot.export import namespace_blocks, write_snapshot
+from store.snapshot.importer import ImportReport, import_snapshot
+from store.stats import CacheStats, GcReport
+from store.writer import BlockWriter
+
+T = TypeVar("T")
 
 
 class StoreAdmin:
-    """Health, statistics, explanations, garbage collection and clearing of one index and blob
-    store (implements ``CacheAdmin``; see there for each method's contract).
+    """Health, statistics, explanations, garbage collection, clearing and snapshots of one cache
+    (implements ``CacheAdmin``; see there for each method's contract).
 
     Args:
-        index: the Redis index.
-        blobs: the blob store.
-        breaker_cooldown_s: how long to skip Redis after it failed.
-        gc_grace_s: seconds a blob without an index entry is kept before collection.
+        parts: the cache's shared parts.
+        options: ``gc_grace_s`` (seconds a blob without an index entry is kept before
+            collection) and ``ttl_s`` (the TTL of imported blocks).
+        writer: the serving cache's writer: counters are then added in the background, a
+            collection ends within the byte budget, and snapshots can be imported. None (the
+            command line): counters are added at once.
+        spec: the K/V layout blocks must have to be exported or imported (None: no snapshots).
     """
 
     def __init__(
         self,
-        index: BlockIndex,
-        blobs: BlobBackend,
-        *,
-        breaker_cooldown_s: float = 5.0,
-        gc_grace_s: float = 60.0,
+        parts: StoreParts,
+        options: CacheOptions,
+        writer: BlockWriter | None = None,
+        spec: KVSpec | None = None,
     ) -> None:
-        self.index, self.blobs, self.gc_grace_s = index, blobs, gc_grace_s
-        self.counters = index.shared_counters()
-        self.recorder = StatsRecorder()
-        self.guard = Guard(breaker_cooldown_s, self.recorder)
-        # NOTE: the deployment-wide counters have a breaker of their own: on a Redis Cluster they
-        # may live on another node than a namespace's blocks, whose lookups must not stop with them.
-        self.stats_guard = Guard(breaker_cooldown_s, self.recorder)
-        self.hot = open_hot(index)
+        self.parts, self.options, self.writer, self.spec = parts, options, writer, spec
         # NOTE: the hot prefixes' text is read from block 0's blob once: a hash names its tokens for good
-        self.root_tokens = lru_cache(maxsize=256)(partial(report.root_tokens, blobs))
+        self.root_tokens = lru_cache(maxsize=256)(partial(report.root_tokens, parts.blobs))
         self._collector: GarbageCollector | None = None
 
     def health(self) -> CacheHealth:
         """Pings Redis when the breaker lets a probe through."""
-        return "ok" if self.guard.redis("ping", self._ping) else "degraded"
+        return "ok" if self.parts.guard.redis("ping", self._ping) else "degraded"
 
     def _ping(self) -> bool:
-        self.index.ping()
+        self.parts.index.ping()
         return True
 
     def stats(self) -> CacheStats:
-        return self.recorder.snapshot()
+        return self.parts.recorder.snapshot(ram_tier_bytes=self.parts.ram.used_bytes)
 
     def usage(self) -> tuple[int, int] | None:
-        return self.guard.redis("stats", lambda: (self.index.num_blocks(), self.index.total_bytes()))
+        index = self.parts.index
+        return self.parts.guard.redis("stats", lambda: (index.num_blocks(), index.total_bytes()))
 
     def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
-        return self.stats_guard.redis("stats", report.deployment_stats, self.counters, self.index, namespace)
+        p = self.parts
+        return p.stats_guard.redis("stats", report.deployment_stats, p.counters, p.index, namespace)
 
     def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
-        return self.stats_guard.redis("stats", report.timeline, self.counters, namespace, minutes)
+        return self.parts.stats_guard.redis("stats", report.timeline, self.parts.counters, namespace, minutes)
 
     def hot_prefixes(
         self, namespace: Namespace | None = None, readable: Namespace | None = None, n: int = 10
     ) -> list[dict[str, Any]] | None:
-        if self.hot is None:
-            return None
-        args = (self.hot, self.root_tokens, namespace, readable, n)
-        return self.stats_guard.redis("stats", report.hot_prefixes, *args)
+        args = (self.parts.hot, self.root_tokens, namespace, readable, n)
+        return self.parts.stats_guard.redis("stats", report.hot_prefixes, *args)
 
     def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:
-        known_hex = [ns.hex() for ns in known]
-        return self.stats_guard.redis("stats", report.tenant_rates, self.counters, self.hot, known_hex)
+        p, known_hex = self.parts, [ns.hex() for ns in known]
+        return p.stats_guard.redis("stats", report.tenant_rates, p.counters, p.hot, known_hex)
 
     def divergence(
         self, namespace: Namespace, token_ids: Sequence[int], block: int
     ) -> tuple[int, list[int]] | None:
-        args = (self.index, self.blobs, namespace, token_ids, block)
-        return self.guard.redis("children", report.divergence, *args)
+        args = (self.parts.index, self.parts.blobs, namespace, token_ids, block)
+        return self.parts.guard.redis("children", report.divergence, *args)
 
     def indexed_blocks(self, namespace: Namespace, token_ids: Sequence[int]) -> int | None:
         hashes = block_hashes(token_ids, namespace)
-        missing = self.guard.redis("exists", self.index.missing, namespace, hashes, scope=namespace.hex())
+        index, scope = self.parts.index, namespace.hex()
+        missing = self.parts.guard.redis("exists", index.missing, namespace, hashes, scope=scope)
         return None if missing is None else next((i for i, gone in enumerate(missing) if gone), len(hashes))
 
     def gc(self, grace_s: float | None = None) -> GcReport | None:
-        """One collection (``store.gc``); None when Redis is unreachable."""
-        grace = self.gc_grace_s if grace_s is None else grace_s
-        found = self.guard.redis("gc", collect, self.index, self.blobs, grace)
+        """One collection (``store.gc``), then eviction down to the byte budget; None when Redis
+        is unreachable."""
+        p = self.parts
+        grace = self.options.gc_grace_s if grace_s is None else grace_s
+        found = p.guard.redis("gc", collect, p.index, p.blobs, grace)
         if found is not None:
             counts = {
                 "evicted_ttl": found.expired,
                 "evicted_orphan": found.orphans,
                 "evicted_gc": found.missing_blobs + found.unindexed_blobs,
             }
-            self.recorder.add(**counts)
+            p.recorder.add(**counts)
             self.share(None, **counts)
+            if self.writer is not None:
+                self.writer.evict_to_budget()
         return found
 
     def clear(self, namespace_hex: str | None = None) -> int:
-        return clear(self.index, self.blobs, namespace_hex)
+        self.parts.ram.clear(namespace_hex)
+        return self._required("clear", clear, self.parts.index, self.parts.blobs, namespace_hex)
+
+    def export_snapshot(
+        self,
+        out: IO[bytes],
+        identity: NamespaceIdentity,
+        prompts: Sequence[Sequence[int]] | None = None,
+        model: str = "",
+    ) -> dict[str, Any]:
+        spec, namespace = self._snapshots(), identity.digest()
+        if prompts is None:
+            hashes = self._required("export", namespace_blocks, self.parts.index, namespace)
+        else:
+            hashes = [h for ids in prompts for h in block_hashes(ids, namespace)]
+        args = (out, self.parts, spec, identity, hashes, model)
+        return self._required("export", write_snapshot, *args)
+
+    def import_snapshot(self, source: IO[bytes], identities: Mapping[str, NamespaceIdentity]) -> ImportReport:
+        spec, writer = self._snapshots(), self.writer
+        assert writer is not None
+        return import_snapshot(source, writer, spec, identities, self.options.ttl_s)
+
+    def _snapshots(self) -> KVSpec:
+        if self.spec is None or self.writer is None:
+            raise RuntimeError("snapshots need a serving cache (a model's K/V layout and a writer)")
+        return self.spec
+
+    def _required(self, operation: str, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` through the guard; a Redis fault (or an open breaker) raises
+        ``StoreUnavailable``."""
+        found = self.parts.guard.redis(operation, lambda: [fn(*args)])
+        if found is None:
+            raise StoreUnavailable(f"the index (Redis) is unreachable: nothing to {operation}")
+        return found[0]
 
     def share(self, namespace: Namespace | None = None, **counts: int) -> None:
-        """Add to the deployment-wide counters (and the namespace's) now."""
+        """Add to the deployment-wide counters (and the namespace's): in the background with a
+        writer, else now."""
+        if self.writer is not None:
+            self.writer.share(namespace, also=None, **counts)
+            return
         scope = namespace.hex() if namespace is not None else None
-        self.stats_guard.redis("stats", self.counters.add, scope, counts)
+        self.parts.stats_guard.redis("stats", self.parts.counters.add, scope, counts)
 
     def start_gc(self, interval_s: float) -> None:
         """Collect garbage every ``interval_s`` seconds on a daemon thread (until ``close``)."""

@@ -1,14 +1,15 @@
 """``CacheAdmin``: what the HTTP server and the command line read and administer of a cache
-(the engine's side is ``store.interface.PrefixCache``). Implemented by ``store.admin.StoreAdmin``
-(no model needed) and, with snapshots, ``store.cache.BlockCache``."""
+(the engine's side is ``store.interface.PrefixCache``). Implemented by ``store.admin.StoreAdmin``:
+alone (no model needed) for the command line, and as ``store.cache.BlockCache.admin``, with
+snapshots, for the server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any, Literal, Protocol
 
-from hashing import Namespace
-from store.snapshot_import import ImportReport
+from hashing import Namespace, NamespaceIdentity
+from store.snapshot.importer import ImportReport
 from store.stats import CacheStats, GcReport
 
 CacheHealth = Literal["ok", "degraded", "disabled"]
@@ -16,7 +17,8 @@ CacheHealth = Literal["ok", "degraded", "disabled"]
 
 class CacheAdmin(Protocol):
     """What the server and the command line read and administer. Every read answers None when
-    Redis is unreachable (never raises for it); ``clear`` raises so the caller can say so."""
+    Redis is unreachable (never raises for it); ``clear`` and the snapshots raise
+    ``store.errors.StoreUnavailable`` so the caller can say so."""
 
     def health(self) -> CacheHealth:
         """``"ok"`` when the index answers, ``"degraded"`` while it does not."""
@@ -75,34 +77,33 @@ class CacheAdmin(Protocol):
         """Remove every block (or one namespace's); returns how many indexed blocks went.
 
         Raises:
-            redis.RedisError: Redis failed.
+            store.errors.StoreUnavailable: the index failed.
         """
         ...
 
     def export_snapshot(
         self,
         out: IO[bytes],
-        namespace: Namespace,
-        identity: dict[str, Any],
+        identity: NamespaceIdentity,
         prompts: Sequence[Sequence[int]] | None = None,
+        model: str = "",
     ) -> dict[str, Any]:
-        """Write a snapshot archive (``store.snapshot``) of the cached full blocks of ``prompts``
-        (token ids), or of every block of ``namespace`` (None), to ``out``; ``identity`` goes
-        into the manifest. Returns the manifest.
+        """Write a snapshot archive (``store.snapshot.format``) of the cached full blocks of
+        ``prompts`` (token ids), or of every block of ``identity``'s namespace (None), to ``out``;
+        the manifest records ``identity`` and the served name ``model``. Returns the manifest.
 
         Raises:
-            redis.RedisError: Redis failed.
+            store.errors.StoreUnavailable: the index failed.
         """
         ...
 
-    def import_snapshot(
-        self, source: IO[bytes], identity_for: Callable[[str], dict[str, Any]]
-    ) -> ImportReport:
+    def import_snapshot(self, source: IO[bytes], identities: Mapping[str, NamespaceIdentity]) -> ImportReport:
         """Store and index the blocks of a snapshot archive that verify (``store.snapshot``);
-        ``identity_for(tenant)`` is this deployment's identity for the manifest's tenant.
+        ``identities`` holds this deployment's identity for each tenant it serves.
 
         Raises:
-            store.snapshot.SnapshotError: not a snapshot, or one of another model or format.
-            redis.RedisError: Redis failed.
+            store.snapshot.format.SnapshotError: not a snapshot, one of another model or format,
+                or of a tenant not in ``identities``.
+            store.errors.StoreUnavailable: the index failed.
         """
         ...

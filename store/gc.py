@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable
 
 from hashing import Namespace
-from store.blob_backend import BlobBackend, BlobInfo
+from store.blobs.base import BlobBackend, BlobInfo
 from store.entries import member_name, parse_member
-from store.parts import BlockIndex
+from store.index.base import BlockIndex
 from store.stats import GcReport
 
 log = logging.getLogger(__name__)

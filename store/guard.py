@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from store.breaker import CircuitBreaker
-from store.connect import REDIS_ERRORS
+from store.index.redis.connect import REDIS_ERRORS
 from store.stats import StatsRecorder
 
 log = logging.getLogger("store")

@@ -24,15 +24,10 @@ from time import monotonic
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
-from store.blob_backend import BlobBackend
-from store.guard import Guard
-from store.hot import HotPrefixes
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
-from store.parts import BlockIndex
-from store.ram import RamTier
+from store.parts import CacheOptions, StoreParts
 from store.serde import BlockVerificationError, decode_block
-from store.stats import StatsRecorder
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -70,34 +65,23 @@ class PrefixLookup:
     """Finds, reads and verifies cached prefixes (see the module docstring).
 
     Args:
-        ttl_s: default TTL in seconds a hit refreshes its blocks to.
-        read_timeout_s: most seconds one lookup waits for blob reads.
+        parts: the cache's shared parts.
+        writer: the writer, whose pending blocks extend a prefix and whose thread counts hits.
+        spec: the shape and dtype every block must have.
+        options: ``ttl_s`` (the default TTL a hit refreshes its blocks to), ``read_timeout_s``
+            (most seconds one lookup waits for blob reads) and ``pin_memory``.
         readers: blob reads that may run (or hang) at once.
-        pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
-            accelerator).
-        hot: where counted hits are recorded as hot prefixes (None: nowhere).
     """
 
     def __init__(
-        self,
-        index: BlockIndex,
-        blobs: BlobBackend,
-        ram: RamTier,
-        writer: BlockWriter,
-        spec: KVSpec,
-        guard: Guard,
-        stats: StatsRecorder,
-        *,
-        ttl_s: int,
-        read_timeout_s: float,
-        readers: int = 4,
-        pin_memory: bool = False,
-        hot: HotPrefixes | None = None,
+        self, parts: StoreParts, writer: BlockWriter, spec: KVSpec, options: CacheOptions, readers: int = 4
     ) -> None:
-        self.index, self.blobs, self.ram, self.writer = index, blobs, ram, writer
-        self.spec, self.guard, self.stats = spec, guard, stats
-        self.ttl_s, self.read_timeout_s, self.pin_memory = ttl_s, read_timeout_s, pin_memory
-        self.hot = hot
+        self.parts, self.writer, self.spec = parts, writer, spec
+        self.ttl_s, self.read_timeout_s, self.pin_memory = (
+            options.ttl_s,
+            options.read_timeout_s,
+            options.pin_memory,
+        )
         self._readers = ReaderPool(readers)
 
     def lookup(
@@ -114,13 +98,18 @@ class PrefixLookup:
         if not count:
             return match
         cached = reusable_tokens(len(token_ids), match.num_blocks)
-        self.stats.add(lookups=1, tokens_queried=len(token_ids), tokens_hit=cached)
+        self.parts.recorder.add(lookups=1, tokens_queried=len(token_ids), tokens_hit=cached)
         failures = int(match.miss_reason == MissReason.FAILED_VERIFICATION)
         # NOTE: a hit also counts for its prefix among the hot ones, in the same background job
         blocks, hit = match.blocks, None
-        if cached and self.hot is not None:
+        if cached:
             hit = partial(
-                self.hot.record, namespace, blocks[0].block_hash, blocks[-1].block_hash, len(blocks), cached
+                self.parts.hot.record,
+                namespace,
+                blocks[0].block_hash,
+                blocks[-1].block_hash,
+                len(blocks),
+                cached,
             )
         self.writer.share(
             namespace,
@@ -137,11 +126,13 @@ class PrefixLookup:
         if not hashes:
             return PrefixMatch([])
         ttls = block_ttls(ttl_s, len(hashes), self.ttl_s)
-        found = self.guard.redis("match", self.index.match, namespace, hashes, ttls, scope=namespace.hex())
+        found = self.parts.guard.redis(
+            "match", self.parts.index.match, namespace, hashes, ttls, scope=namespace.hex()
+        )
         if found is None:
             return PrefixMatch([], MissReason.UNAVAILABLE)
         entries, seen = found
-        self.stats.add(blocks_matched=len(entries))
+        self.parts.recorder.add(blocks_matched=len(entries))
         reason: MissReason | None = None
         if len(entries) < len(hashes):
             reason = MissReason.EXPIRED if seen else MissReason.NEVER_SEEN
@@ -151,14 +142,14 @@ class PrefixLookup:
         deadline = monotonic() + self.read_timeout_s
         for i in range(len(entries)):
             ids = block_tokens(token_ids, i)
-            block = self.ram.get(namespace, hashes[i])
+            block = self.parts.ram.get(namespace, hashes[i])
             if block is not None and block.token_ids == ids:
                 blocks.append(block)
                 from_ram += 1
                 continue
             # NOTE: the blob is named by our own hash, never by the index entry, and verified
             # against our own tokens: a wrong reply can only cause a miss.
-            read = self._readers.submit(partial(self.blobs.read, namespace, hashes[i]))
+            read = self._readers.submit(partial(self.parts.blobs.read, namespace, hashes[i]))
             try:
                 data = read.result(timeout=max(0.0, deadline - monotonic()))
                 block = decode_block(
@@ -172,20 +163,22 @@ class PrefixLookup:
                 )
             except FutureTimeout:
                 read.cancel()
-                self.stats.add(read_timeouts=1)
-                self.guard.warn("read", "a blob read took over %.1f s: served as a miss", self.read_timeout_s)
+                self.parts.recorder.add(read_timeouts=1)
+                self.parts.guard.warn(
+                    "read", "a blob read took over %.1f s: served as a miss", self.read_timeout_s
+                )
                 return self._done(blocks, from_ram, MissReason.TIMED_OUT)
             except (OSError, BlockVerificationError) as exc:
                 # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
                 # never loaded, since their K/V depends on this one.
                 log.warning("cache block %d (%s) dropped: %s", i, hashes[i].hex(), exc)
-                self.stats.add(verification_failures=1)
+                self.parts.recorder.add(verification_failures=1)
                 self.discard(namespace, [hashes[i]])
                 return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION)
             if self.pin_memory:
                 # NOTE: page-locked, so the upload to an accelerator is asynchronous and fast
                 block = dataclasses.replace(block, key=block.key.pin_memory(), value=block.value.pin_memory())
-            self.ram.put(namespace, block)
+            self.parts.ram.put(namespace, block)
             blocks.append(block)
 
         # NOTE: blocks this process computed and is still saving extend the prefix the index
@@ -199,16 +192,18 @@ class PrefixLookup:
         return self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
 
     def _done(self, blocks: list[KVBlock], from_ram: int, reason: MissReason | None) -> PrefixMatch:
-        self.stats.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
+        self.parts.recorder.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
         return PrefixMatch(blocks, reason)
 
     def discard(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
         """Remove blocks that must not be served: each one's RAM copy, index entry, then blob (so
         the next save writes it afresh)."""
         for block_hash in hashes:
-            self.ram.drop(namespace, block_hash)
-            self.guard.redis("drop", self.index.drop, namespace, block_hash, scope=namespace.hex())
+            self.parts.ram.drop(namespace, block_hash)
+            self.parts.guard.redis(
+                "drop", self.parts.index.drop, namespace, block_hash, scope=namespace.hex()
+            )
             try:
-                self.blobs.delete(namespace, block_hash)
+                self.parts.blobs.delete(namespace, block_hash)
             except OSError as exc:
-                self.guard.warn("delete", "cannot delete bad blob %s: %s", block_hash.hex(), exc)
+                self.parts.guard.warn("delete", "cannot delete bad blob %s: %s", block_hash.hex(), exc)

@@ -1,115 +1,87 @@
-"""What the cache's facade needs of its metadata parts: the block index and the shared counters.
+"""The parts one cache's components share, made once: ``StoreParts``, and the knobs of a serving
+cache, ``CacheOptions``.
 
-``store.index.RedisIndex`` and ``store.counters.SharedCounters`` implement them on Redis (and
-raise ``redis.RedisError`` for a fault, which the facade's guard turns into a miss); the tests'
-in-memory doubles implement them too, so a store story runs with no Redis at all.
+The lookup, the writer and the administrative side (``store.lookup``, ``store.writer``,
+``store.admin``) each hold the same ``StoreParts``, so one Redis failure anywhere opens the
+breaker for all of them and every statistic lands in one recorder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
-from hashing import BlockHash, Namespace
-from store.entries import IndexEntry
-
-
-class Window(Protocol):
-    """Tokens queried and hit during a window."""
-
-    @property
-    def queried(self) -> int: ...
-
-    @property
-    def hit(self) -> int: ...
-
-    @property
-    def hit_rate(self) -> float | None: ...
+from store.blobs.base import BlobBackend
+from store.guard import Guard
+from store.index.base import BlockIndex, Counters, HotPrefixes
+from store.ram import RamTier
+from store.stats import StatsRecorder
 
 
-class Counters(Protocol):
-    """Deployment-wide counters, summed over every process sharing them; ``scope`` None is the
-    deployment, else a namespace's hex digest."""
+@dataclass(frozen=True)
+class CacheOptions:
+    """How a serving cache behaves (each a ``kvproxy serve`` setting).
 
-    def add(self, namespace_hex: str | None, counts: dict[str, int]) -> None:
-        """Add ``counts`` to the deployment's totals and to ``namespace_hex``'s; ``prompt_tokens``
-        and ``cached_tokens`` also go to the current 10-second bucket."""
-        ...
-
-    def totals(self, scope: str | None = None) -> dict[str, int]: ...
-
-    def buckets(self, scope: str | None, seconds: int) -> Sequence[tuple[int, Window]]:
-        """``(bucket start in Unix seconds, window)`` for each bucket of the last ``seconds``."""
-        ...
-
-    def window(self, scope: str | None, seconds: int) -> Window: ...
-
-
-class BlockIndex(Protocol):
-    """The index of blocks: an entry per block with a TTL, LRU order, sizes and their total.
-
-    Contract (each method is atomic with respect to other processes sharing the index):
-    - ``match`` never writes an entry; it refreshes the TTL (never shortening it) and LRU position
-      of the entries it returns, which lead the chain and stop at the first missing one.
-    - ``publish`` is create-only: a second publish of one block changes nothing.
-    - ``evict`` removes least recently used entries (the tail of a chain before its head) until
-      at most ``max_bytes`` are accounted; evicting nothing is a no-op. It returns the members
-      removed, whose blobs the caller deletes; so do ``reclaim`` and ``drop``.
+    Attributes:
+        ttl_s: default TTL in seconds of new entries, refreshed on every hit.
+        max_bytes: budget of the blob store in bytes (None: none); least recently used blocks are
+            evicted beyond it.
+        breaker_cooldown_s: how long to skip Redis after it failed.
+        max_pending_saves: bound of the background writer's queue (jobs).
+        ram_bytes: budget in bytes of the RAM tier of recently used blocks (0: no RAM tier).
+        read_timeout_s: most seconds a lookup waits for blob reads before serving a shorter
+            prefix (a stuck disk or mount becomes a miss).
+        gc_grace_s: seconds a blob without an index entry is kept before collection.
+        pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
+            accelerator: uploads are then asynchronous).
     """
 
-    key_prefix: str
+    ttl_s: int = 3600
+    max_bytes: int | None = None
+    breaker_cooldown_s: float = 5.0
+    max_pending_saves: int = 64
+    ram_bytes: int = 0
+    read_timeout_s: float = 5.0
+    gc_grace_s: float = 60.0
+    pin_memory: bool = False
 
-    def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
-    ) -> tuple[list[IndexEntry], bool]:
-        """Entries of the leading blocks present (each one's TTL refreshed to at least its own
-        ``ttls[i]`` seconds), and whether the first missing one was stored once (it expired or
-        was evicted) rather than never seen."""
-        ...
 
-    def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]: ...
+@dataclass(frozen=True)
+class StoreParts:
+    """The index, the blob store, the RAM tier and what meets their faults and counts their work.
 
-    def publish(
-        self,
-        namespace: Namespace,
-        block_hash: BlockHash,
-        parent: BlockHash | None,
-        index: int,
-        entry: IndexEntry,
-        ttl_s: int,
-        used_at: float,
-    ) -> int:
-        """Index a block whose blob is complete; returns the bytes accounted now."""
-        ...
+    Attributes:
+        guard: the index's circuit breaker (and rate-limited warnings).
+        stats_guard: the deployment-wide counters' own breaker.
+        recorder: this process's statistics (``CacheStats``).
+        counters: the deployment-wide counters kept beside the index.
+        hot: the hot prefixes kept beside the index.
+    """
 
-    def evict(self, max_bytes: int) -> list[str]: ...
+    index: BlockIndex
+    blobs: BlobBackend
+    ram: RamTier
+    guard: Guard
+    stats_guard: Guard
+    recorder: StatsRecorder
+    counters: Counters
+    hot: HotPrefixes
 
-    def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
-        """Forget members whose entry is gone (all given, with ``force``)."""
-        ...
-
-    def drop(self, namespace: Namespace, block_hash: BlockHash) -> None: ...
-
-    def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
-        """Every accounted member (of every namespace, or of one), in batches."""
-        ...
-
-    def entries(self, members: Sequence[str]) -> list[IndexEntry | None]: ...
-
-    def known(self, members: Sequence[str]) -> list[bool]:
-        """Whether each member is accounted (has a size record), entry expired or not."""
-        ...
-
-    def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
-        """Blocks stored under ``parent`` (None: first blocks) whose entry still exists."""
-        ...
-
-    def total_bytes(self) -> int: ...
-
-    def num_blocks(self) -> int: ...
-
-    def ping(self) -> None: ...
-
-    def shared_counters(self) -> Counters:
-        """The deployment-wide counters kept beside this index."""
-        ...
+    @classmethod
+    def open(
+        cls, index: BlockIndex, blobs: BlobBackend, *, ram_bytes: int = 0, cooldown_s: float = 5.0
+    ) -> StoreParts:
+        """The parts of a cache on ``index`` and ``blobs``, with a RAM tier of ``ram_bytes``
+        bytes and breakers that skip Redis for ``cooldown_s`` seconds after a failure."""
+        recorder = StatsRecorder()
+        # NOTE: the deployment-wide counters have a breaker of their own: on a Redis Cluster they
+        # may live on another node than a namespace's blocks, whose lookups must not stop with them.
+        return cls(
+            index,
+            blobs,
+            RamTier(ram_bytes),
+            Guard(cooldown_s, recorder),
+            Guard(cooldown_s, recorder),
+            recorder,
+            index.shared_counters(),
+            index.hot_prefixes(),
+        )

@@ -1,4 +1,5 @@
-"""``RamTier``: an in-process LRU of verified blocks in front of the blob store.
+"""Blocks in this process's memory: ``RamTier``, an LRU of verified blocks in front of the blob
+store, and ``PendingBlocks``, those the writer has not published yet.
 
 A hot prefix is then served without reading, parsing or checksumming its blobs. The tier holds
 only blocks this process verified (read from disk and checked) or computed itself, keyed by
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from hashing import BlockHash, Namespace
 from store.interface import KVBlock
@@ -73,3 +75,27 @@ class RamTier:
         block = self._blocks.pop(key, None)
         if block is not None:
             self.used_bytes -= block_nbytes(block)
+
+
+class PendingBlocks:
+    """Blocks handed to the writer and not yet published (or given up), by namespace and hash."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[tuple[Namespace, BlockHash], KVBlock] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def add(self, namespace: Namespace, blocks: Iterable[KVBlock]) -> None:
+        with self._lock:
+            self._blocks.update(((namespace, b.block_hash), b) for b in blocks)
+
+    def get(self, namespace: Namespace, block_hash: BlockHash) -> KVBlock | None:
+        with self._lock:
+            return self._blocks.get((namespace, block_hash))
+
+    def remove(self, namespace: Namespace, blocks: Iterable[KVBlock]) -> None:
+        with self._lock:
+            for block in blocks:
+                self._blocks.pop((namespace, block.block_hash), None)

@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, chain_hash
-from store.blob_backend import BlobBackend
-from store.hot import HotPrefix, HotPrefixes
-from store.parts import BlockIndex, Counters
+from store.blobs.base import BlobBackend
+from store.index.base import BlockIndex, Counters, HotPrefix, HotPrefixes
 from store.serde import BlockVerificationError, read_token_ids
 
 

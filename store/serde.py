@@ -26,6 +26,15 @@ class BlockVerificationError(Exception):
     """A stored blob does not hold the block the request needs; the message says why."""
 
 
+HEADER_BYTES = 64 * 1024
+"""More than a block blob's safetensors header and token ids ever take."""
+
+
+def max_blob_bytes(spec: KVSpec) -> int:
+    """The most bytes a blob of ``spec``'s blocks can hold (its K/V plus ``HEADER_BYTES``)."""
+    return spec.block_bytes + HEADER_BYTES
+
+
 def encode_block(block: KVBlock, namespace: Namespace, parent: BlockHash | None, spec: KVSpec) -> bytes:
     """Serialize ``block`` to safetensors bytes (about ``spec.block_bytes`` bytes)."""
     tensors = {

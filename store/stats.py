@@ -2,7 +2,7 @@
 produces snapshots of it, and the report of one garbage collection.
 
 Deployment-wide totals, summed over every process sharing the index, live in Redis
-(``store.counters``).
+(``store.index.redis.counters``).
 """
 
 from __future__ import annotations

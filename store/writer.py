@@ -1,10 +1,11 @@
-"""The writer: one background thread that stores blocks and everything else the cache writes.
+"""The writer: the one path by which blocks enter the cache, and the background thread that runs it.
 
 A request hands its new blocks to ``BlockWriter.save`` and goes on; the thread writes each
-block's blob, then its index entry (never the reverse), keeps it in the RAM tier, adds to the
-deployment-wide counters, and evicts least recently used blocks once the blob store is over its
-byte budget. Until a block is published, ``PendingBlocks`` lets this process serve it anyway, so
-a request that follows at once still hits.
+block's blob, then the batch's index entries (never the reverse), keeps them in the RAM tier,
+adds to the deployment-wide counters, and evicts least recently used blocks once the blob store
+is over its byte budget. Until a block is published, ``PendingBlocks`` lets this process serve it
+anyway, so a request that follows at once still hits. A snapshot import publishes its verified
+blocks through the same path (``publish_verified``), on its own thread.
 """
 
 from __future__ import annotations
@@ -13,90 +14,59 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens
-from store.blob_backend import BlobBackend
 from store.entries import new_entry, parse_member
-from store.guard import Guard
+from store.errors import StoreUnavailable
+from store.index.base import Publication
 from store.interface import KVBlock, KVSpec
-from store.parts import BlockIndex, Counters
-from store.ram import RamTier
+from store.parts import CacheOptions, StoreParts
+from store.ram import PendingBlocks
 from store.serde import encode_block
-from store.stats import StatsRecorder
 
 log = logging.getLogger(__name__)
 
 
-class PendingBlocks:
-    """Blocks handed to the writer and not yet published (or given up), by namespace and hash."""
+class Stored(NamedTuple):
+    """One block to publish: the block, its parent (None for block 0), its TTL in seconds, and
+    its blob when already encoded (an import keeps the bytes it verified; None: encode here)."""
 
-    def __init__(self) -> None:
-        self._blocks: dict[tuple[Namespace, BlockHash], KVBlock] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def add(self, namespace: Namespace, blocks: Iterable[KVBlock]) -> None:
-        with self._lock:
-            self._blocks.update(((namespace, b.block_hash), b) for b in blocks)
-
-    def get(self, namespace: Namespace, block_hash: BlockHash) -> KVBlock | None:
-        with self._lock:
-            return self._blocks.get((namespace, block_hash))
-
-    def remove(self, namespace: Namespace, blocks: Iterable[KVBlock]) -> None:
-        with self._lock:
-            for block in blocks:
-                self._blocks.pop((namespace, block.block_hash), None)
+    block: KVBlock
+    parent: BlockHash | None
+    ttl_s: int
+    data: bytes | None = None
 
 
-@dataclass(frozen=True)
-class _SaveJob:
-    namespace: Namespace
-    blocks: list[KVBlock]  # consecutive, in chain order
-    parent: BlockHash | None  # of the first block
-    ttls: list[int]  # seconds, per block
-    created: float = field(default_factory=time.time)
+class Published(NamedTuple):
+    """What a publish did: per block True (stored now), False (cached already) or None (not
+    stored: a blob write failed at or before it, ``failure``)."""
+
+    stored: list[bool | None]
+    failure: OSError | None
 
 
 class BlockWriter:
     """The background writer (see the module docstring).
 
     Args:
-        counters: the deployment-wide counters and the breaker of their own they are written
-            through (``StoreAdmin.stats_guard``).
-        max_bytes: budget of the blob store in bytes (None: no budget); checked after every
-            publish, so it is exceeded by at most one block per concurrent writer.
-        max_jobs: bound of the queue; beyond it saves are dropped and counted, so a slow disk
-            never holds tensors without limit.
+        parts: the cache's shared parts.
+        spec: the shape and dtype blocks are encoded in.
+        options: ``max_bytes``, the budget (checked after every publish, so it is exceeded by at
+            most one batch per concurrent writer), and ``max_pending_saves``, the bound of the
+            queue, beyond which saves are dropped and counted (a slow disk never holds tensors
+            without limit).
     """
 
-    def __init__(
-        self,
-        index: BlockIndex,
-        blobs: BlobBackend,
-        ram: RamTier,
-        counters: tuple[Counters, Guard],
-        spec: KVSpec,
-        guard: Guard,
-        stats: StatsRecorder,
-        *,
-        max_bytes: int | None,
-        max_jobs: int,
-    ) -> None:
-        self.index, self.blobs, self.ram = index, blobs, ram
-        self.counters, self.stats_guard = counters
-        self.spec, self.guard, self.stats = spec, guard, stats
-        self.max_bytes = max_bytes
+    def __init__(self, parts: StoreParts, spec: KVSpec, options: CacheOptions) -> None:
+        self.parts, self.spec, self.max_bytes = parts, spec, options.max_bytes
         self.pending = PendingBlocks()
         # NOTE: one background thread does every write (blobs, index entries, shared counters), so
         # nothing a request does waits on the disk or on a second Redis round trip.
-        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=max_jobs)
+        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=options.max_pending_saves)
         threading.Thread(target=self._loop, name="kvproxy-writer", daemon=True).start()
 
     def save(
@@ -118,12 +88,35 @@ class BlockWriter:
             KVBlock(i, hashes[i], block_tokens(token_ids, i), k, v)
             for i, (k, v) in enumerate(pairs, start=first_block)
         ]
-        job = _SaveJob(namespace, blocks, hashes[first_block - 1] if first_block else None, list(ttls))
+        parents = [hashes[b.index - 1] if b.index else None for b in blocks]
+        batch = [Stored(b, p, ttl) for b, p, ttl in zip(blocks, parents, ttls, strict=True)]
+        created = time.time()
         self.pending.add(namespace, blocks)
-        if not self.enqueue(lambda: self._write(job)):
+        if not self.enqueue(lambda: self._write(namespace, batch, created)):
             self.pending.remove(namespace, blocks)
-            self.stats.add(saves_dropped=len(blocks))
-            self.guard.warn("queue", "save queue full: %d blocks not cached", len(blocks))
+            self.parts.recorder.add(saves_dropped=len(blocks))
+            self.parts.guard.warn("queue", "save queue full: %d blocks not cached", len(blocks))
+
+    def publish_verified(self, namespace: Namespace, batch: Sequence[Stored]) -> Published:
+        """Store and index blocks verified elsewhere (a snapshot import), on the caller's thread,
+        exactly as saves are stored (``_publish``).
+
+        Raises:
+            StoreUnavailable: the index failed.
+        """
+        return self._publish(namespace, batch, time.time())
+
+    def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
+        """Per block, whether the index lacks it (one round trip).
+
+        Raises:
+            StoreUnavailable: the index failed.
+        """
+        scope = namespace.hex()
+        found = self.parts.guard.redis("exists", self.parts.index.missing, namespace, hashes, scope=scope)
+        if found is None:
+            raise StoreUnavailable("the index (Redis) is unreachable")
+        return found
 
     def share(
         self, namespace: Namespace | None = None, *, also: Callable[[], object] | None = None, **counts: int
@@ -131,13 +124,14 @@ class BlockWriter:
         """Add to the deployment-wide counters (and the namespace's) in the background; ``also``
         (another statistic, e.g. a hot prefix's hit) runs in the same job, through the same
         breaker, so a lookup costs the writer's queue one job."""
-        if self.stats_guard.allow():
+        guard = self.parts.stats_guard
+        if guard.allow():
             scope = namespace.hex() if namespace is not None else None
 
             def job() -> None:
-                self.stats_guard.redis("stats", self.counters.add, scope, counts)
+                guard.redis("stats", self.parts.counters.add, scope, counts)
                 if also is not None:
-                    self.stats_guard.redis("stats", also)
+                    guard.redis("stats", also)
 
             self.enqueue(job)
 
@@ -160,16 +154,17 @@ class BlockWriter:
         """Evict least recently used blocks (index, RAM tier, blobs) until within ``max_bytes``."""
         if self.max_bytes is None:
             return
-        evicted = self.guard.redis("evict", self.index.evict, self.max_bytes) or []
+        parts = self.parts
+        evicted = parts.guard.redis("evict", parts.index.evict, self.max_bytes) or []
         for member in evicted:
             namespace, block_hash = parse_member(member)
-            self.ram.drop(namespace, block_hash)
+            parts.ram.drop(namespace, block_hash)
             try:
-                self.blobs.delete(namespace, block_hash)
+                parts.blobs.delete(namespace, block_hash)
             except OSError as exc:  # unindexed now: the garbage collector removes it later
-                self.guard.warn("evict", "cannot delete an evicted blob from %s (%s)", self.blobs.url, exc)
+                parts.guard.warn("evict", "cannot delete an evicted blob from %s (%s)", parts.blobs.url, exc)
         if evicted:
-            self.stats.add(evicted_budget=len(evicted))
+            parts.recorder.add(evicted_budget=len(evicted))
             self.share(None, evicted_budget=len(evicted))
 
     def _loop(self) -> None:
@@ -179,49 +174,72 @@ class BlockWriter:
                 job()
             except Exception:  # a bug here must not kill the writer thread
                 log.exception("unexpected error in the cache writer")
-                self.stats.add(save_errors=1)
+                self.parts.recorder.add(save_errors=1)
             finally:
                 self._jobs.task_done()
 
-    def _write(self, job: _SaveJob) -> None:
+    def _write(self, namespace: Namespace, batch: Sequence[Stored], created: float) -> None:
         try:
-            self._publish(job)
-        finally:
-            self.pending.remove(job.namespace, job.blocks)
-
-    def _publish(self, job: _SaveJob) -> None:
-        """Write each block's blob, then its index entry (never the reverse); keep it in RAM."""
-        # NOTE: a blob that cannot be indexed is never written
-        hashes = [b.block_hash for b in job.blocks]
-        scope = job.namespace.hex()
-        missing = self.guard.redis("exists", self.index.missing, job.namespace, hashes, scope=scope)
-        if missing is None:
-            return
-        parent = job.parent
-        for block, needed, ttl_s in zip(job.blocks, missing, job.ttls, strict=True):
-            block_parent, parent = parent, block.block_hash
-            if not needed:
-                self.ram.put(job.namespace, block)
-                continue
-            data = encode_block(block, job.namespace, block_parent, self.spec)
-            try:
-                self.blobs.write(job.namespace, block.block_hash, data)
-            except OSError as exc:
-                self.stats.add(save_errors=1)
-                self.guard.warn(
-                    "write",
-                    "cannot write block blobs to %s (%s): serving without saving",
-                    self.blobs.url,
-                    exc,
+            failure = self._publish(namespace, batch, created).failure
+            if failure is not None:
+                blobs = self.parts.blobs.url
+                self.parts.guard.warn(
+                    "write", "cannot write block blobs to %s (%s): serving without saving", blobs, failure
                 )
-                return
-            entry = new_entry(self.blobs.name(job.namespace, block.block_hash), len(data), block_parent)
-            args = (job.namespace, block.block_hash, block_parent, block.index, entry, ttl_s, job.created)
-            total = self.guard.redis("publish", self.index.publish, *args, scope=scope)
-            if total is None:
-                return
-            self.ram.put(job.namespace, block)
-            self.stats.add(blocks_saved=1)
-            self.share(job.namespace, blocks_saved=1)
-            if self.max_bytes is not None and total > self.max_bytes:
-                self.evict_to_budget()
+        except StoreUnavailable:
+            pass  # NOTE: the guard counted and logged it; the blocks are simply not cached
+        finally:
+            self.pending.remove(namespace, [s.block for s in batch])
+
+    def _publish(self, namespace: Namespace, batch: Sequence[Stored], created: float) -> Published:
+        """Write each new block's blob, then index them all in one round trip (never the
+        reverse: an entry never points at a partial blob); count them as saved; keep them in the
+        RAM tier. A failed blob write stops the batch there (the blocks before it are indexed).
+
+        Raises:
+            StoreUnavailable: the index failed.
+        """
+        parts = self.parts
+        # NOTE: a blob that cannot be indexed is never written
+        missing = self.missing(namespace, [s.block.block_hash for s in batch])
+        stored: list[bool | None] = [None] * len(batch)
+        publications: list[Publication] = []
+        failure: OSError | None = None
+        for i, (item, needed) in enumerate(zip(batch, missing, strict=True)):
+            block = item.block
+            if needed:
+                data = item.data or encode_block(block, namespace, item.parent, self.spec)
+                try:
+                    parts.blobs.write(namespace, block.block_hash, data)
+                except OSError as exc:
+                    parts.recorder.add(save_errors=1)
+                    failure = exc
+                    break
+                entry = new_entry(parts.blobs.name(namespace, block.block_hash), len(data), item.parent)
+                publications.append(
+                    Publication(block.block_hash, item.parent, block.index, entry, item.ttl_s, created)
+                )
+            stored[i] = needed
+        if publications:
+            self._index(namespace, publications)
+        for item, done in zip(batch, stored, strict=True):
+            if done is not None:
+                parts.ram.put(namespace, item.block)
+        return Published(stored, failure)
+
+    def _index(self, namespace: Namespace, publications: list[Publication]) -> None:
+        """Publish the entries of blobs just written, count them, keep within the budget.
+
+        Raises:
+            StoreUnavailable: the index failed (the blobs stay for the collector).
+        """
+        parts = self.parts
+        total = parts.guard.redis(
+            "publish", parts.index.publish, namespace, publications, scope=namespace.hex()
+        )
+        if total is None:
+            raise StoreUnavailable("the index (Redis) is unreachable")
+        parts.recorder.add(blocks_saved=len(publications))
+        self.share(namespace, blocks_saved=len(publications))
+        if self.max_bytes is not None and total > self.max_bytes:
+            self.evict_to_budget()

@@ -40,7 +40,7 @@ class Api:
 
     @property
     def cache(self) -> Any:
-        return self.server.app.state.cache
+        return self.server.app.state.engine.cache
 
     def flush(self) -> None:
         """Wait until background saves are on disk and in the index."""

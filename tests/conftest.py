@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 import redis
 
-from engine.loading import LoadedModel, load_model
+from engine.model.loading import LoadedModel, load_model
 from proxy.app import create_app
 from proxy.config import Settings, default_cache_dir
-from store import connect
-from store.blob_backend import BlobBackend
-from store.blobs import BlobStore
+from store.blobs.base import BlobBackend
+from store.blobs.file import FileBlobStore
 from store.cache import BlockCache
-from store.index import RedisIndex
+from store.index.redis import connect
+from store.index.redis.index import RedisIndex
 from store.interface import KVSpec
+from store.parts import CacheOptions
 from tests.helpers import ServerThread, build_tiny_model
 
 REDIS_URL = os.environ.get("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -85,8 +86,8 @@ def make_cache(redis_client: redis.Redis, key_prefix: str, tmp_path: Path) -> Ca
     ) -> BlockCache:
         spec = layout if isinstance(layout, KVSpec) else layout.kv_spec
         index = RedisIndex(redis_client, key_prefix)
-        blobs = blobs if blobs is not None else BlobStore(tmp_path / "blobs")
-        return BlockCache(index, blobs, spec, ttl_s=ttl_s, **options)
+        blobs = blobs if blobs is not None else FileBlobStore(tmp_path / "blobs")
+        return BlockCache(index, blobs, spec, CacheOptions(ttl_s=ttl_s, **options))
 
     return make
 

@@ -34,18 +34,31 @@ from transformers import (
 )
 
 from engine.forward import prefill
-from engine.loader import load_prefix
+from engine.prefix_stage import load_prefix
 from engine.requests import Event, Failed, Finished, GenerationRequest, PrefillDone, TokenDelta
 from engine.sampling import SamplingParams
 from engine.worker import Engine
-from hashing import BLOCK_SIZE, namespace_digest
-from proxy.app import server_config
+from hashing import BLOCK_SIZE, NamespaceIdentity
+from proxy.http.limits import server_config
 from store.interface import KVSpec
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
 """A small K/V layout for store tests that need no model."""
-NS = namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t")
+NS = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
 GREEDY = SamplingParams(temperature=0.0)
+
+
+class Clock:
+    """Seconds that pass only when told to (the memory index's clock in store stories)."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def kv(num_blocks: int, spec: KVSpec = SPEC) -> tuple[torch.Tensor, torch.Tensor]:

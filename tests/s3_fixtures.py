@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from store.blob_backend import BlobBackend
-from store.blobs import FileBlobStore
-from store.s3 import S3BlobStore, s3_client
+from store.blobs.base import BlobBackend
+from store.blobs.file import FileBlobStore
+from store.blobs.s3 import S3BlobStore, s3_client
 from tests.topologies import LocalS3
 
 S3_REGION = "us-east-1"

@@ -46,7 +46,7 @@ def test_growing_chat_hits_every_shared_block(settings, default_model, serve) ->
 
             reply, generated = chat(server, messages)
             reference, _ = chat(cold, messages)
-            server.app.state.cache.flush(60)
+            server.app.state.engine.cache.flush(60)
 
             assert reply.usage.prompt_tokens == len(prompt)
             assert reply.usage.prompt_tokens_details.cached_tokens == expected, question

@@ -12,7 +12,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.loading import load_model
+from engine.model.loading import load_model
 from hashing import BLOCK_SIZE, block_hashes
 from tests.api import Api
 from tests.helpers import build_tiny_model, random_tokens

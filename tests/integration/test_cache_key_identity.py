@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-from engine.loading import load_model
+from engine.model.loading import load_model
 from tests.api import Api
 from tests.helpers import build_tiny_model, random_tokens
 
@@ -39,7 +39,7 @@ def test_other_weights_under_the_same_name_never_reuse(tmp_path, settings, serve
     with serve_tiny(serve, settings, load_model(str(path), cache_dir=tmp_path)) as server:
         api = Api(server)
         assert api.complete(prompt).cached_tokens == 0
-        assert api.cache.stats().blocks_matched == 0
+        assert api.cache.admin.stats().blocks_matched == 0
 
 
 def test_other_kv_dtype_never_reuses(tiny_model, settings, serve, tmp_path) -> None:
@@ -52,7 +52,7 @@ def test_other_kv_dtype_never_reuses(tiny_model, settings, serve, tmp_path) -> N
     with serve_tiny(serve, settings, bf16) as server:
         api = Api(server)
         assert api.complete(prompt).cached_tokens == 0
-        assert api.cache.stats().blocks_matched == 0
+        assert api.cache.admin.stats().blocks_matched == 0
         api.flush()
         assert api.complete(prompt).cached_tokens == 256  # its own blocks do hit
 

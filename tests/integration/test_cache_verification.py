@@ -77,19 +77,19 @@ def test_damaged_block_is_a_miss_from_there_on(cached, cold, settings, damage) -
     cached.flush()
     namespace = cached.engine.loaded.namespace("default")
     hashes = block_hashes(PROMPT, namespace)
-    DAMAGE[damage](cached.cache.blobs.path(namespace, hashes[1]))
-    failures = cached.cache.stats().verification_failures
+    DAMAGE[damage](cached.cache.parts.blobs.path(namespace, hashes[1]))
+    failures = cached.cache.admin.stats().verification_failures
 
     damaged = cached.complete(PROMPT)
     assert damaged.status == 200
     assert damaged.cached_tokens == 128  # block 0 only: the prefix ends at the damaged block
     assert damaged.key == cold.complete(PROMPT).key
-    assert cached.cache.stats().verification_failures == failures + 1
+    assert cached.cache.admin.stats().verification_failures == failures + 1
     cached.flush()  # the request re-stored block 1 (and 2) in the background
 
     healed = cached.complete(PROMPT)
     assert healed.cached_tokens == 3 * 128 and healed.key == damaged.key
-    assert cached.cache.stats().verification_failures == failures + 1
+    assert cached.cache.admin.stats().verification_failures == failures + 1
 
 
 def test_bad_entry_is_removed_before_the_block_is_stored_again(cached, settings, redis_client) -> None:
@@ -98,8 +98,8 @@ def test_bad_entry_is_removed_before_the_block_is_stored_again(cached, settings,
     cached.flush()
     namespace = cached.engine.loaded.namespace("default")
     block = block_hashes(PROMPT, namespace)[1]
-    collision(cached.cache.blobs.path(namespace, block))
+    collision(cached.cache.parts.blobs.path(namespace, block))
     match = cached.cache.lookup(namespace, PROMPT, max_blocks=3)  # what a request does first
     assert match.num_blocks == 1
-    assert not redis_client.exists(cached.cache.index.block_key(namespace, block))
-    assert not (cached.cache.blobs.path(namespace, block)).exists()
+    assert not redis_client.exists(cached.cache.parts.index.block_key(namespace, block))
+    assert not (cached.cache.parts.blobs.path(namespace, block)).exists()

@@ -10,13 +10,14 @@ import httpx
 import pytest
 import torch
 
-from engine.loading import load_model
+from engine.model.loading import load_model
 from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.config import Settings
-from store.blobs import BlobStore
+from store.blobs.file import FileBlobStore
 from store.cache import BlockCache
-from store.memory import MemoryIndex
+from store.index.memory.index import MemoryIndex
+from store.parts import CacheOptions
 from tests.helpers import build_tiny_model, prefill_prompt, random_tokens, run_engine
 
 pytestmark = pytest.mark.cuda
@@ -31,11 +32,9 @@ def on_gpu(checkpoint, tmp_path, dtype="float32"):
     loaded = load_model(str(checkpoint), cache_dir=tmp_path, dtype=dtype, device="cuda")
     cache = BlockCache(
         MemoryIndex(),
-        BlobStore(tmp_path / "blobs"),
+        FileBlobStore(tmp_path / "blobs"),
         loaded.kv_spec,
-        ttl_s=600,
-        ram_bytes=1 << 26,
-        pin_memory=True,
+        CacheOptions(ttl_s=600, ram_bytes=1 << 26, pin_memory=True),
     )
     return loaded, Engine(loaded, cache), Engine(loaded, None)
 

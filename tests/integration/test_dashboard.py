@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.panels import prefix_text
+from proxy.observe.panels import prefix_text
 from tests.api import Api
 from tests.helpers import random_tokens
 

@@ -63,10 +63,10 @@ def test_redis_stopped_then_back(faulty) -> None:
     api.flush()
     server.stop()
     during_fault(api, cold, "redis stopped")
-    assert api.cache.health() == "degraded"
+    assert api.cache.admin.health() == "degraded"
     server.start()  # restarted empty
     time.sleep(0.6)
-    assert api.cache.health() == "ok"
+    assert api.cache.admin.health() == "ok"
     api.complete(PROMPTS[0])
     api.flush()
     assert api.complete(PROMPTS[0]).cached_tokens == 256
@@ -83,10 +83,10 @@ def test_redis_restarted_empty(faulty, tmp_path) -> None:
     time.sleep(0.6)
     during_fault(api, cold, "redis restarted empty", rounds=1)
     api.flush()
-    stale = api.cache.gc(grace_s=0)
+    stale = api.cache.admin.gc(grace_s=0)
     assert stale is not None
     indexed = {p.stem for p in (tmp_path / "blobs").rglob("*.safetensors")}
-    members = {m.rsplit(":", 1)[-1] for batch in api.cache.index.members() for m in batch}
+    members = {m.rsplit(":", 1)[-1] for batch in api.cache.parts.index.members() for m in batch}
     assert indexed == members
 
 
@@ -97,9 +97,9 @@ def test_redis_hanging(faulty) -> None:
     api.flush()
     redis.Redis(port=server.port).execute_command("CLIENT", "PAUSE", 4000, "ALL")
     during_fault(api, cold, "redis hanging", rounds=1)
-    assert api.cache.health() == "degraded"
+    assert api.cache.admin.health() == "degraded"
     time.sleep(4.2)
-    assert api.cache.health() == "ok"
+    assert api.cache.admin.health() == "ok"
 
 
 def test_redis_evicting_keys_under_maxmemory(faulty) -> None:
@@ -174,7 +174,7 @@ def test_disk_faults(fault, settings, tiny_model, serve, cold, caplog, redis_cli
                 result = api.complete(p)
                 assert result.status == 200 and result.key == cold.complete(p).key
             api.flush()
-            assert api.cache.stats().save_errors == len(PROMPTS)
+            assert api.cache.admin.stats().save_errors == len(PROMPTS)
             assert not list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
         warnings = [r for r in caplog.records if "cannot write block blobs" in r.getMessage()]
         assert len(warnings) == 1

@@ -15,8 +15,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import RouteSettings
-from proxy.route.app import create_route_app
-from proxy.route.identity import Identity
+from proxy.router.app import create_route_app
+from proxy.router.identity import Identity
 from tests.api import Api
 from tests.helpers import ServerThread, random_tokens
 

@@ -26,7 +26,7 @@ def test_repeated_prompt_is_served_from_the_cache(settings, tiny_model, serve) -
     """Second send of a 286-token prompt: cached_tokens 256, same completion; keys under the prefix."""
     with serve(settings, tiny_model) as server:
         first = complete(server.base_url, PROMPT)
-        server.app.state.cache.flush(30)
+        server.app.state.engine.cache.flush(30)
         second = complete(server.base_url, PROMPT)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 256}
@@ -119,7 +119,7 @@ def test_server_starts_without_redis_and_resumes_caching(tmp_path, tiny_model, s
             time.sleep(0.6)
             assert httpx.get(f"{url}/health").json()["cache"] == "ok"
             complete(url, PROMPT)
-            server.app.state.cache.flush(30)
+            server.app.state.engine.cache.flush(30)
             assert complete(url, PROMPT)["usage"]["prompt_tokens_details"]["cached_tokens"] == 256
         finally:
             redis_server.stop()

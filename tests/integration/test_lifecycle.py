@@ -9,11 +9,12 @@ import time
 
 import httpx
 import pytest
+import redis
 
 from hashing import block_hashes
 from proxy.stores import open_blobs
 from tests.api import Api
-from tests.helpers import random_tokens
+from tests.helpers import RedisServer, free_port, random_tokens
 from tests.s3_fixtures import BACKENDS, read_object, stored_names, write_object
 from tests.topology_fixtures import TOPOLOGIES, topology_url
 
@@ -63,10 +64,10 @@ def test_hits_slide_the_ttl_then_the_chain_expires_whole(
         assert api.complete(P).cached_tokens == 256
         time.sleep(2.5)
         assert block_keys(redis_client, key_prefix) == []
-        report = api.cache.gc(grace_s=0)
+        report = api.cache.admin.gc(grace_s=0)
         assert report.expired == 2
-        assert files(settings) == [] and api.cache.index.total_bytes() == 0
-        assert api.cache.index.num_blocks() == 0
+        assert files(settings) == [] and api.cache.parts.index.total_bytes() == 0
+        assert api.cache.parts.index.num_blocks() == 0
         assert api.complete(P).cached_tokens == 0
 
 
@@ -93,11 +94,11 @@ def test_orphaned_descendants_are_never_served_and_are_reclaimed(cached, setting
     cached.flush()
     namespace = cached.engine.loaded.namespace("default")
     hashes = block_hashes(prompt, namespace)
-    redis_client.delete(cached.cache.index.block_key(namespace, hashes[0]))  # as if it expired
+    redis_client.delete(cached.cache.parts.index.block_key(namespace, hashes[0]))  # as if it expired
     assert cached.cache.lookup(namespace, prompt, 3).num_blocks == 0
-    report = cached.cache.gc(grace_s=0)
+    report = cached.cache.admin.gc(grace_s=0)
     assert (report.expired, report.orphans) == (1, 2)
-    assert files(settings) == [] and cached.cache.index.total_bytes() == 0
+    assert files(settings) == [] and cached.cache.parts.index.total_bytes() == 0
 
 
 def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
@@ -105,26 +106,26 @@ def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
     a, b, c = (random_tokens(300, seed=s) for s in (71, 72, 73))
     cached.complete(a)
     cached.flush()
-    block_size = cached.cache.index.total_bytes() // 2
+    block_size = cached.cache.parts.index.total_bytes() // 2
     cached.cache.writer.max_bytes = 4 * block_size
     cached.complete(b)
     cached.flush()
-    assert cached.cache.index.num_blocks() == 4 and cached.cache.stats().evicted_budget == 0
+    assert cached.cache.parts.index.num_blocks() == 4 and cached.cache.admin.stats().evicted_budget == 0
     cached.complete(a)  # A is now more recently used than B
     cached.complete(c[:200])  # one new block: B's tail must go
     cached.flush()
     namespace = cached.engine.loaded.namespace("default")
     hb = block_hashes(b, namespace)
-    assert cached.cache.stats().evicted_budget == 1
-    assert not cached.cache.blobs.exists(namespace, hb[1])
-    assert cached.cache.blobs.exists(namespace, hb[0])
-    assert cached.cache.index.total_bytes() <= 4 * block_size
+    assert cached.cache.admin.stats().evicted_budget == 1
+    assert not cached.cache.parts.blobs.exists(namespace, hb[1])
+    assert cached.cache.parts.blobs.exists(namespace, hb[0])
+    assert cached.cache.parts.index.total_bytes() <= 4 * block_size
     assert cached.cache.lookup(namespace, a, 2).num_blocks == 2
     cached.complete(c)  # C's second block: B's head goes next
     cached.flush()
-    assert cached.cache.stats().evicted_budget == 2
+    assert cached.cache.admin.stats().evicted_budget == 2
     assert cached.cache.lookup(namespace, b, 2).num_blocks == 0
-    assert cached.cache.index.total_bytes() <= 4 * block_size
+    assert cached.cache.parts.index.total_bytes() <= 4 * block_size
 
 
 def test_gc_removes_unindexed_blobs_after_the_grace_period_only(cached, settings):
@@ -135,9 +136,9 @@ def test_gc_removes_unindexed_blobs_after_the_grace_period_only(cached, settings
     blob = next(name for name in files(settings) if name.endswith(".safetensors"))
     stray = blob.rsplit("/", 1)[0] + "/" + "ff" * 16 + ".safetensors"
     write_object(blobs, stray, read_object(blobs, blob))
-    assert cached.cache.gc(grace_s=60).unindexed_blobs == 0 and stray in files(settings)
+    assert cached.cache.admin.gc(grace_s=60).unindexed_blobs == 0 and stray in files(settings)
     time.sleep(0.2)
-    assert cached.cache.gc(grace_s=0.1).unindexed_blobs == 1 and stray not in files(settings)
+    assert cached.cache.admin.gc(grace_s=0.1).unindexed_blobs == 1 and stray not in files(settings)
     assert cached.complete(P).cached_tokens == 256  # indexed blobs untouched
 
 
@@ -184,3 +185,23 @@ def test_cli_stats_gc_clear(cached, settings, key_prefix):
     assert cli("clear", "--namespace", "0" * 32) == '{"removed_blocks": 0}\n'
     assert cli("clear", "--namespace", namespace) == '{"removed_blocks": 2}\n'
     assert files(settings) == []
+
+
+def test_cli_gc_and_clear_say_so_when_redis_fails_after_the_ping(tmp_path):
+    """A Redis that answers PING and refuses everything else (an ACL user allowed PING only):
+    `kvproxy cache gc` and `clear` exit 1 with a message, never a traceback."""
+    server = RedisServer(free_port()).start()
+    try:
+        redis.Redis(port=server.port).acl_setuser("pinger", enabled=True, nopass=True, commands=["+ping"])
+        flags = ["--redis-url", f"redis://pinger@127.0.0.1:{server.port}/0", "--blob-dir", str(tmp_path)]
+        for args in (["gc"], ["clear"]):
+            done = subprocess.run(
+                [sys.executable, "-m", "proxy.cli", "cache", *args, *flags],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+            assert "Redis stopped answering" in done.stderr
+    finally:
+        server.stop()

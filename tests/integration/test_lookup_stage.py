@@ -23,7 +23,7 @@ def test_a_hanging_blob_read_holds_up_only_its_own_request(settings, tiny_model,
         api.flush()
 
         # 2. From now on every blob read hangs until released (a stuck mount).
-        blobs = server.app.state.cache.blobs
+        blobs = server.app.state.engine.cache.parts.blobs
         read = blobs.read
         hanging, release, returned = threading.Event(), threading.Event(), threading.Event()
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.fetch import ModelError
-from engine.loading import load_model
+from engine.model.fetch import ModelError
+from engine.model.loading import load_model
 from engine.worker import Engine
 from tests.helpers import FAMILIES, build_tiny_model, prefill_prompt, random_tokens, run_engine
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
-from engine.fetch import ModelError
-from engine.loading import load_model
-from engine.resolve import model_fingerprint
+from engine.model.fetch import ModelError
+from engine.model.loading import load_model
+from engine.model.resolve import model_fingerprint
 from tests.helpers import build_tiny_model
 
 

@@ -54,7 +54,7 @@ def test_metric_labels_are_bounded(cached, settings, redis_client) -> None:
     cached.flush()
     blob = next(settings.blob_root.rglob("*.safetensors"))
     blob.write_bytes(b"garbage")
-    cached.cache.ram.clear()  # the block must come from its (damaged) blob
+    cached.cache.parts.ram.clear()  # the block must come from its (damaged) blob
     post(cached, prompt)
     text = httpx.get(f"{cached.server.base_url}/metrics").text
     namespace = cached.engine.loaded.namespace("default")

@@ -124,12 +124,12 @@ def test_a_missing_middle_block_ends_the_prefix(no_ram_tier, tiny_model, serve, 
         namespace = cached.engine.loaded.namespace("default")
         block = block_hashes(CHAIN, namespace)[1]
         if missing == "index-entry":
-            redis_client.delete(cached.cache.index.block_key(namespace, block))
+            redis_client.delete(cached.cache.parts.index.block_key(namespace, block))
         else:
-            cached.cache.blobs.path(namespace, block).unlink()
-        loaded = cached.cache.stats().blocks_loaded
+            cached.cache.parts.blobs.path(namespace, block).unlink()
+        loaded = cached.cache.admin.stats().blocks_loaded
         # 3. The prefix ends at block 1; blocks 2 and 3 are never read.
         result = cached.complete(CHAIN)
         assert result.cached_tokens == 128
-        assert cached.cache.stats().blocks_loaded == loaded + 1
+        assert cached.cache.admin.stats().blocks_loaded == loaded + 1
         assert result.key == cold.complete(CHAIN).key

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from store.blobs import FileBlobStore
+from store.blobs.file import FileBlobStore
 from tests.helpers import free_port, random_tokens
 from tests.topology_fixtures import TOPOLOGIES, topology_url
 

@@ -27,7 +27,7 @@ def test_hot_blocks_are_served_without_reading_their_blobs(cached, cold, setting
         blob.unlink()
     result = cached.complete(PROMPT)
     assert result.cached_tokens == 384
-    assert cached.cache.stats().blocks_from_ram == 3
+    assert cached.cache.admin.stats().blocks_from_ram == 3
     assert result.key == cold.complete(PROMPT).key
 
 
@@ -39,9 +39,9 @@ def test_blocks_read_from_disk_enter_ram(settings, tiny_model, serve) -> None:
     with serve(settings, tiny_model) as second:
         api = Api(second)
         assert api.complete(PROMPT).cached_tokens == 384
-        assert api.cache.stats().blocks_from_ram == 0
+        assert api.cache.admin.stats().blocks_from_ram == 0
         assert api.complete(PROMPT).cached_tokens == 384
-        assert api.cache.stats().blocks_from_ram == 3 and len(api.cache.ram) == 3
+        assert api.cache.admin.stats().blocks_from_ram == 3 and len(api.cache.parts.ram) == 3
 
 
 def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_prefix) -> None:
@@ -49,10 +49,10 @@ def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_pr
     the blocks are still in RAM, yet the next request is a miss."""
     cached.complete(PROMPT)
     cached.flush()
-    assert len(cached.cache.ram) == 3
+    assert len(cached.cache.parts.ram) == 3
     redis_client.delete(*redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
     assert cached.complete(PROMPT).cached_tokens == 0
-    assert cached.cache.stats().blocks_from_ram == 0
+    assert cached.cache.admin.stats().blocks_from_ram == 0
 
 
 def test_a_request_right_after_another_hits_while_the_writer_is_behind(cached, cold, settings) -> None:

@@ -14,8 +14,8 @@ import httpx
 
 from proxy.app import create_app
 from proxy.config import RouteSettings
-from proxy.route.app import create_route_app
-from proxy.route.identity import Identity
+from proxy.router.app import create_route_app
+from proxy.router.identity import Identity
 from tests.helpers import TRAINING_TEXT, ServerThread
 
 WORDS = " ".join(TRAINING_TEXT).split()

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from proxy.config import RouteSettings
-from proxy.route.app import create_route_app
+from proxy.router.app import create_route_app
 from tests.conftest import REDIS_URL
 from tests.fake_upstream import fake_upstream
 from tests.helpers import ServerThread, free_port

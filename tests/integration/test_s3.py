@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hashing import block_hashes
-from store.s3 import S3BlobStore, s3_client
+from store.blobs.s3 import S3BlobStore, s3_client
 from store.serde import read_token_ids
 from tests.api import Api
 from tests.helpers import random_tokens
@@ -63,7 +63,7 @@ def test_two_servers_share_hits(s3_settings, tiny_model, serve):
         hit = Api(b).complete(P)
         assert (first.cached_tokens, hit.cached_tokens) == (0, 256)
         assert hit.key == first.key
-        assert Api(b).cache.stats().blocks_saved == 0  # nothing written twice
+        assert Api(b).cache.admin.stats().blocks_saved == 0  # nothing written twice
 
 
 def test_a_damaged_object_is_a_miss_and_is_replaced(s3_settings, tiny_model, serve, cold, bucket_blobs):
@@ -80,13 +80,13 @@ def test_a_damaged_object_is_a_miss_and_is_replaced(s3_settings, tiny_model, ser
         damaged = api.complete(P)
         assert damaged.status == 200 and damaged.cached_tokens == 128
         assert damaged.key == cold.complete(P).key
-        assert api.cache.stats().verification_failures == 1
+        assert api.cache.admin.stats().verification_failures == 1
         api.flush()
         assert read_token_ids(read_object(bucket_blobs, name)) == P[128:256]  # a whole block again
 
         healed = api.complete(P)
         assert healed.cached_tokens == 256 and healed.key == damaged.key
-        assert api.cache.stats().verification_failures == 1
+        assert api.cache.admin.stats().verification_failures == 1
 
 
 def test_gc_reclaims_unindexed_objects_by_listing(s3_settings, tiny_model, serve, bucket_blobs, redis_client):
@@ -100,12 +100,14 @@ def test_gc_reclaims_unindexed_objects_by_listing(s3_settings, tiny_model, serve
         hashes = block_hashes(P, namespace)
         stray = f"{namespace.hex()}/ff/{'ff' * 16}.safetensors"
         write_object(bucket_blobs, stray, read_object(bucket_blobs, bucket_blobs.name(namespace, hashes[0])))
-        assert api.cache.gc(grace_s=60).unindexed_blobs == 0 and stray in stored_names(bucket_blobs)
+        assert api.cache.admin.gc(grace_s=60).unindexed_blobs == 0 and stray in stored_names(bucket_blobs)
         time.sleep(0.2)
-        assert api.cache.gc(grace_s=0.1).unindexed_blobs == 1 and stray not in stored_names(bucket_blobs)
+        assert api.cache.admin.gc(grace_s=0.1).unindexed_blobs == 1 and stray not in stored_names(
+            bucket_blobs
+        )
         assert api.complete(P).cached_tokens == 256  # indexed objects untouched
 
-        redis_client.delete(api.cache.index.block_key(namespace, hashes[0]))  # as if it expired
-        report = api.cache.gc(grace_s=0)
+        redis_client.delete(api.cache.parts.index.block_key(namespace, hashes[0]))  # as if it expired
+        report = api.cache.admin.gc(grace_s=0)
         assert (report.expired, report.orphans) == (1, 1)
-        assert stored_names(bucket_blobs) == [] and api.cache.index.total_bytes() == 0
+        assert stored_names(bucket_blobs) == [] and api.cache.parts.index.total_bytes() == 0

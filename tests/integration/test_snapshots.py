@@ -7,14 +7,16 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
 
 import httpx
 import pytest
 import xxhash
 from click.testing import CliRunner
+from redis.connection import AbstractConnection
 
-from engine.loading import load_model
-from hashing import BLOCK_SIZE
+from engine.model.loading import load_model
+from hashing import BLOCK_SIZE, block_hashes
 from proxy.cli import main
 from tests.api import Api
 from tests.helpers import build_tiny_model, random_tokens
@@ -262,3 +264,45 @@ def test_malformed_manifests_and_unknown_tenants_are_clear_errors(
         assert report["imported"] == 0 and len(report["rejected"]) == 5
         assert all("manifest entry" in r["reason"] for r in report["rejected"])
         assert b.app.state.cache.usage() == (0, 0)
+
+
+def test_an_import_is_published_as_saves_are(
+    settings, other, tiny_model, serve, tmp_path, monkeypatch
+) -> None:
+    """Imported blocks go through the writer: counted as saved (here and deployment-wide), kept in
+    the RAM tier, and indexed in a fixed number of Redis round trips per batch, not per block."""
+    prompt = random_tokens(6 * BLOCK_SIZE + 1, seed=90)
+    with serve(settings, tiny_model) as a:
+        Api(a).complete(prompt)
+        Api(a).flush()
+        export(a, tmp_path, [prompt])
+    with serve(other, tiny_model) as b:
+        cache = b.app.state.engine.cache
+        saved = cache.admin.stats().blocks_saved
+        trips = count_round_trips(monkeypatch)
+        identities = {"default": tiny_model.identity("default")}
+        with open(tmp_path / "snap.tar", "rb") as source:
+            report = cache.admin.import_snapshot(source, identities)
+        assert (report.imported, report.rejected) == (6, [])
+        assert len(trips) <= 6, trips  # exists + namespace set + one publish script + the budget's sums
+        assert cache.flush(30)
+        assert cache.admin.stats().blocks_saved == saved + 6
+        assert cache.admin.deployment_stats(tiny_model.namespace("default"))["blocks_saved"] == 6
+        hashes = block_hashes(prompt, tiny_model.namespace("default"))
+        assert all(cache.parts.ram.get(tiny_model.namespace("default"), h) is not None for h in hashes)
+
+
+def count_round_trips(monkeypatch) -> list[str]:
+    """The commands (the first of each pipeline) this thread sends to Redis from now on: one per
+    round trip."""
+    sent: list[str] = []
+    me, real = threading.get_ident(), AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):
+        if threading.get_ident() == me:
+            first = command[0] if isinstance(command, list) else command
+            sent.append(bytes(first)[:40].decode(errors="replace").split("\r\n")[2])
+        return real(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    return sent

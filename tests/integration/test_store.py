@@ -9,10 +9,12 @@ import pytest
 import redis
 import torch
 
-from hashing import BLOCK_SIZE, BlockHash, block_hashes, namespace_digest
+from hashing import BLOCK_SIZE, BlockHash, NamespaceIdentity, block_hashes
 from store.cache import BlockCache
 from store.entries import member_name, new_entry
-from store.index import RedisIndex
+from store.index.base import Publication
+from store.index.redis.index import RedisIndex
+from store.parts import CacheOptions
 from tests.helpers import NS, SPEC, kv
 from tests.s3_fixtures import read_object, stored_names, write_object
 from tests.topology_fixtures import TOPOLOGIES, topology_url
@@ -42,7 +44,7 @@ def test_saved_blocks_come_back_verified_in_order(make_cache, redis_client, key_
     assert [b.index for b in match.blocks] == [0, 1, 2] and match.num_tokens == 3 * BLOCK_SIZE
     assert torch.equal(torch.stack([b.key for b in match.blocks]), key)
     assert torch.equal(torch.stack([b.value for b in match.blocks]), value)
-    assert cache.stats().blocks_saved == 3
+    assert cache.admin.stats().blocks_saved == 3
 
 
 def test_index_entries_carry_a_ttl_and_only_metadata(make_cache, redis_client, key_prefix, tmp_path) -> None:
@@ -63,7 +65,7 @@ def test_blob_files_are_where_the_design_says(make_cache, redis_client, key_pref
     cache.save(NS, IDS, 0, *kv(1))
     assert cache.flush(30)
     h = block_hashes(IDS, NS)[0].hex()
-    assert stored_names(cache.blobs) == [f"{NS.hex()}/{h[:2]}/{h}.safetensors"]
+    assert stored_names(cache.parts.blobs) == [f"{NS.hex()}/{h[:2]}/{h}.safetensors"]
 
 
 def test_lookup_stops_at_the_first_missing_block(make_cache, redis_client, key_prefix, tmp_path) -> None:
@@ -72,7 +74,7 @@ def test_lookup_stops_at_the_first_missing_block(make_cache, redis_client, key_p
     cache.save(NS, IDS, 0, *kv(3))
     assert cache.flush(30)
     hashes = block_hashes(IDS, NS)
-    redis_client.delete(cache.index.block_key(NS, hashes[1]))
+    redis_client.delete(cache.parts.index.block_key(NS, hashes[1]))
     assert [b.index for b in cache.lookup(NS, IDS, max_blocks=3).blocks] == [0]
 
 
@@ -84,11 +86,11 @@ def test_a_corrupt_blob_ends_the_prefix_and_drops_its_entry(
     cache.save(NS, IDS, 0, *kv(3))
     assert cache.flush(30)
     hashes = block_hashes(IDS, NS)
-    blob = cache.blobs.name(NS, hashes[1])
-    write_object(cache.blobs, blob, read_object(cache.blobs, blob)[:1000])
+    blob = cache.parts.blobs.name(NS, hashes[1])
+    write_object(cache.parts.blobs, blob, read_object(cache.parts.blobs, blob)[:1000])
     assert cache.lookup(NS, IDS, max_blocks=3).num_blocks == 1
-    assert not redis_client.exists(cache.index.block_key(NS, hashes[1]))
-    assert cache.stats().verification_failures == 1
+    assert not redis_client.exists(cache.parts.index.block_key(NS, hashes[1]))
+    assert cache.admin.stats().verification_failures == 1
 
 
 def test_other_tokens_under_a_cached_prefix_miss_after_it(
@@ -106,11 +108,11 @@ def test_other_tokens_under_a_cached_prefix_miss_after_it(
 def test_unreachable_redis_is_a_miss_not_an_error(blob_store) -> None:
     """Redis down: lookup returns nothing, save writes nothing, health is degraded."""
     client = redis.Redis(host="127.0.0.1", port=1, socket_timeout=0.2, socket_connect_timeout=0.2)
-    cache = BlockCache(RedisIndex(client, "kvptest:"), blob_store, SPEC, ttl_s=60)
+    cache = BlockCache(RedisIndex(client, "kvptest:"), blob_store, SPEC, CacheOptions(ttl_s=60))
     assert cache.lookup(NS, IDS, max_blocks=3).num_blocks == 0
     cache.save(NS, IDS, 0, *kv(1))
     assert cache.flush(30)
-    assert cache.health() == "degraded"
+    assert cache.admin.health() == "degraded"
     assert stored_names(blob_store) == []
 
 
@@ -118,11 +120,16 @@ def test_the_byte_budget_is_global_over_namespaces(redis_client, key_prefix) -> 
     """Namespaces live on their own slots (nodes, on a cluster), yet the budget counts them all
     and evicts the least recently used blocks first, whichever namespace holds them."""
     index = RedisIndex(redis_client, key_prefix)
-    spaces = [namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant=t) for t in ("a", "b", "c")]
+    spaces = [
+        NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant=t).digest()
+        for t in ("a", "b", "c")
+    ]
     order = []  # (namespace, hash) in order of use: oldest first
     for step in range(6):
         ns, h = spaces[step % 3], BlockHash(bytes([step]) * 16)
-        index.publish(ns, h, None, 0, new_entry(f"x/{step}", 100, None), 600, used_at=1000.0 + step)
+        index.publish(
+            ns, [Publication(h, None, 0, new_entry(f"x/{step}", 100, None), 600, used_at=1000.0 + step)]
+        )
         order.append(member_name(ns, h))
     assert index.total_bytes() == 600 and index.num_blocks() == 6
     assert index.evict(350) == order[:3]

@@ -10,15 +10,15 @@ import xxhash
 
 from hashing import (
     BLOCK_SIZE,
+    NamespaceIdentity,
     block_hashes,
     block_tokens,
     encode_token_ids,
-    namespace_digest,
     num_full_blocks,
     reusable_tokens,
 )
 
-NS = namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t")
+NS = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
 IDS = list(range(1000, 1000 + 3 * BLOCK_SIZE + 5))
 
 
@@ -61,11 +61,11 @@ def test_same_tokens_at_another_position_get_another_hash() -> None:
 def test_namespaces_separate_models_dtypes_tenants_and_formats() -> None:
     """Each namespace field changes every block hash."""
     variants = [
-        namespace_digest(model_fingerprint="other", kv_dtype="float32", tenant="t"),
-        namespace_digest(model_fingerprint="m", kv_dtype="bfloat16", tenant="t"),
-        namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="u"),
-        namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t", block_size=64),
-        namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t", format_version=99),
+        NamespaceIdentity(model_fingerprint="other", kv_dtype="float32", tenant="t").digest(),
+        NamespaceIdentity(model_fingerprint="m", kv_dtype="bfloat16", tenant="t").digest(),
+        NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="u").digest(),
+        NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t", block_size=64).digest(),
+        NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t", format_version=99).digest(),
     ]
     assert len({NS, *variants}) == 6
     base = block_hashes(IDS, NS)
@@ -76,8 +76,8 @@ def test_namespaces_separate_models_dtypes_tenants_and_formats() -> None:
 def test_hashes_are_the_same_in_another_process() -> None:
     """No process-dependent input (e.g. Python's hash randomisation) enters a hash."""
     code = (
-        "from hashing import block_hashes, namespace_digest;"
-        "ns = namespace_digest(model_fingerprint='m', kv_dtype='float32', tenant='t');"
+        "from hashing import block_hashes, NamespaceIdentity;"
+        "ns = NamespaceIdentity(model_fingerprint='m', kv_dtype='float32', tenant='t').digest();"
         f"print(','.join(h.hex() for h in block_hashes(list(range(1000, {1000 + len(IDS)})), ns)))"
     )
     for seed in ("1", "2"):

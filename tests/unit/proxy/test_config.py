@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from proxy.config import RouteSettings, Settings, parse_bytes
 from proxy.stores import blob_budget, open_blobs
-from store.s3 import S3BlobStore
+from store.blobs.s3 import S3BlobStore
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_route_upstreams_are_openai_base_urls(upstream, error) -> None:
 def test_a_redis_url_that_cannot_work_is_refused(url) -> None:
     """Unknown schemes at start; a cluster node without a port or a sentinel URL without its
     service name when the client is made."""
-    from store.connect import RedisURLError, redis_client
+    from store.index.redis.connect import RedisURLError, redis_client
 
     with pytest.raises((ValidationError, RedisURLError)):
         redis_client(Settings(redis_url=url).redis_url, 0.1)

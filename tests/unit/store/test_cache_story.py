@@ -10,18 +10,19 @@ import pytest
 import torch
 
 from hashing import BLOCK_SIZE, block_hashes
-from store.blobs import BlobStore
+from store.blobs.file import FileBlobStore
 from store.cache import BlockCache
 from store.entries import member_name
-from store.memory import Clock, MemoryIndex
+from store.index.memory.index import MemoryIndex
 from store.outcomes import MissReason
-from tests.helpers import NS, SPEC, kv
+from store.parts import CacheOptions
+from tests.helpers import NS, SPEC, Clock, kv
 
 IDS = list(range(3 * BLOCK_SIZE + 10))  # three full blocks and 10 tokens more
 HASHES = block_hashes(IDS, NS)
 
 
-class HangingBlobs(BlobStore):
+class HangingBlobs(FileBlobStore):
     """A blob store whose reads of chosen blocks hang until ``release`` is set (a stuck mount)."""
 
     def __init__(self, root, hang: set[bytes]) -> None:
@@ -40,13 +41,13 @@ def clock() -> Clock:
     return Clock()
 
 
-def cache_on(index: MemoryIndex, blobs: BlobStore, **options) -> BlockCache:
-    return BlockCache(index, blobs, SPEC, ttl_s=600, **options)
+def cache_on(index: MemoryIndex, blobs: FileBlobStore, **options) -> BlockCache:
+    return BlockCache(index, blobs, SPEC, CacheOptions(ttl_s=600, **options))
 
 
 @pytest.fixture
 def cache(clock, tmp_path) -> BlockCache:
-    return cache_on(MemoryIndex(clock), BlobStore(tmp_path))
+    return cache_on(MemoryIndex(clock), FileBlobStore(tmp_path))
 
 
 def stored(cache: BlockCache, blocks: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +64,7 @@ def test_a_saved_chain_comes_back_verified_bit_for_bit(cache) -> None:
     assert [b.index for b in match.blocks] == [0, 1, 2] and match.miss_reason is None
     assert torch.equal(torch.stack([b.key for b in match.blocks]), key)
     assert torch.equal(torch.stack([b.value for b in match.blocks]), value)
-    stats = cache.stats()
+    stats = cache.admin.stats()
     assert (stats.blocks_saved, stats.lookups, stats.tokens_queried, stats.tokens_hit) == (3, 1, 394, 384)
 
 
@@ -91,7 +92,7 @@ def test_ttl_slides_on_every_hit_then_expires(cache, clock) -> None:
 
 def test_a_corrupt_blob_ends_the_prefix_and_is_dropped(clock, tmp_path) -> None:
     """Block 1's blob truncated (RAM tier off): block 0 served, block 1's entry and blob gone."""
-    index, blobs = MemoryIndex(clock), BlobStore(tmp_path)
+    index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path)
     cache = cache_on(index, blobs)
     stored(cache)
     blob = blobs.path(NS, HASHES[1])
@@ -99,42 +100,45 @@ def test_a_corrupt_blob_ends_the_prefix_and_is_dropped(clock, tmp_path) -> None:
     match = cache.lookup(NS, IDS)
     assert (match.num_blocks, match.miss_reason) == (1, MissReason.FAILED_VERIFICATION)
     assert index.missing(NS, HASHES) == [False, True, False] and not blob.exists()
-    assert cache.stats().verification_failures == 1 and cache.stats().evictions["verification_failure"] == 1
+    assert (
+        cache.admin.stats().verification_failures == 1
+        and cache.admin.stats().evictions["verification_failure"] == 1
+    )
 
 
 def test_the_ram_tier_serves_hot_blocks_without_their_blobs(clock, tmp_path) -> None:
     """With a RAM tier, blocks saved by this process are served even with their files deleted."""
-    blobs = BlobStore(tmp_path)
+    blobs = FileBlobStore(tmp_path)
     cache = cache_on(MemoryIndex(clock), blobs, ram_bytes=10 * SPEC.block_bytes)
     stored(cache)
     for h in HASHES:
         blobs.delete(NS, h)
-    assert cache.lookup(NS, IDS).num_blocks == 3 and cache.stats().blocks_from_ram == 3
+    assert cache.lookup(NS, IDS).num_blocks == 3 and cache.admin.stats().blocks_from_ram == 3
 
 
 def test_the_budget_evicts_the_tail_of_a_chain_first(clock, tmp_path) -> None:
     """A budget of blocks 0 and 1's bytes and three blocks saved: block 2 goes, 0 and 1 stay."""
-    probe = cache_on(MemoryIndex(clock), BlobStore(tmp_path / "probe"))
+    probe = cache_on(MemoryIndex(clock), FileBlobStore(tmp_path / "probe"))
     stored(probe, 2)
-    two_blocks = probe.usage()[1]
-    index, blobs = MemoryIndex(clock), BlobStore(tmp_path / "blobs")
+    two_blocks = probe.admin.usage()[1]
+    index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path / "blobs")
     cache = cache_on(index, blobs, max_bytes=two_blocks)
     stored(cache)
-    assert cache.stats().evicted_budget == 1
+    assert cache.admin.stats().evicted_budget == 1
     assert index.missing(NS, HASHES) == [False, False, True] and not blobs.exists(NS, HASHES[2])
-    assert cache.usage() == (2, two_blocks)
+    assert cache.admin.usage() == (2, two_blocks)
 
 
 def test_the_collector_reclaims_expired_orphaned_and_unindexed_blocks(clock, tmp_path) -> None:
     """Block 0 expired (so 1 and 2 are orphans) and a stray file: all reclaimed, nothing left."""
-    index, blobs = MemoryIndex(clock), BlobStore(tmp_path)
+    index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path)
     cache = cache_on(index, blobs)
     stored(cache)
     index.entries_.pop(member_name(NS, HASHES[0]))  # as if its TTL ran out
     assert blobs.write(NS, b"\x01" * 16, b"not indexed")  # a file no entry accounts for
-    found = cache.gc(grace_s=0)
+    found = cache.admin.gc(grace_s=0)
     assert (found.expired, found.orphans, found.unindexed_blobs) == (1, 2, 1)
-    assert list(blobs.scan()) == [] and cache.usage() == (0, 0)
+    assert list(blobs.scan()) == [] and cache.admin.usage() == (0, 0)
 
 
 def test_a_hanging_read_becomes_a_miss_after_the_bound(clock, tmp_path) -> None:
@@ -145,7 +149,7 @@ def test_a_hanging_read_becomes_a_miss_after_the_bound(clock, tmp_path) -> None:
     match = cache.lookup(NS, IDS)
     assert blobs.reading.is_set() and not blobs.release.is_set()  # still hanging
     assert (match.num_blocks, match.miss_reason) == (1, MissReason.TIMED_OUT)
-    assert cache.stats().read_timeouts == 1
+    assert cache.admin.stats().read_timeouts == 1
     blobs.release.set()
     assert cache.lookup(NS, IDS).num_blocks == 3  # the mount recovered: a hit again
 
@@ -164,5 +168,5 @@ def test_blocks_still_being_saved_are_served(cache) -> None:
 
 def test_clear_removes_one_namespace_or_all(cache) -> None:
     stored(cache)
-    assert cache.clear("0" * 32) == 0 and cache.lookup(NS, IDS).num_blocks == 3
-    assert cache.clear(NS.hex()) == 3 and cache.lookup(NS, IDS).num_blocks == 0
+    assert cache.admin.clear("0" * 32) == 0 and cache.lookup(NS, IDS).num_blocks == 3
+    assert cache.admin.clear(NS.hex()) == 3 and cache.lookup(NS, IDS).num_blocks == 0

@@ -7,12 +7,12 @@ import pickle
 import pytest
 import torch
 
-from hashing import BLOCK_SIZE, block_hashes, namespace_digest
+from hashing import BLOCK_SIZE, NamespaceIdentity, block_hashes
 from store.interface import KVBlock, KVSpec
 from store.serde import BlockVerificationError, decode_block, encode_block
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
-NS = namespace_digest(model_fingerprint="m", kv_dtype="float32", tenant="t")
+NS = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
 IDS = list(range(2 * BLOCK_SIZE))
 HASHES = block_hashes(IDS, NS)
 
@@ -53,7 +53,7 @@ def test_round_trip_is_exact() -> None:
     "overrides",
     [
         {"token_ids": [7] * BLOCK_SIZE},  # a hash collision: other tokens under the same hash
-        {"namespace": namespace_digest(model_fingerprint="x", kv_dtype="float32", tenant="t")},
+        {"namespace": NamespaceIdentity(model_fingerprint="x", kv_dtype="float32", tenant="t").digest()},
         {"block_hash": HASHES[0]},
         {"parent": None},
         {"index": 0},

@@ -1,0 +1,165 @@
+"""The decode step: the next token of every running sequence in one pass over the weights.
+
+Two implementations of one contract (``Decoder``):
+
+- ``LeanDecoder`` walks the model's own modules (norms, projections, rotary embedding, MLP, head)
+  layer by layer with nothing else: no masks to build, no output recording, no cache objects
+  beyond each sequence's own K/V. For a small model on a CPU, transformers' general forward
+  spends more time in Python than in arithmetic for one token; this step does not.
+- ``TransformersDecoder`` is transformers' own forward (``engine.forward``), for every model.
+
+``pick_decoder`` uses the lean step only for models whose layers have the standard pre-norm
+shape (Llama, Mistral, Qwen2, Qwen3, Phi-3, ...) and only after checking, on the loaded model,
+that it computes the same logits as transformers' forward; anything else decodes through
+transformers. Prefill always runs transformers' forward.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from transformers import DynamicCache
+
+from engine.forward import decode_batch, decode_step, prefill
+from engine.kv import BufferPool, past_from_blocks
+from engine.lean_layers import LayerStep, decode_fn
+from engine.model.loading import sliding_window
+from engine.model.quantize import decode_kernels
+
+log = logging.getLogger(__name__)
+
+
+class Decoder(Protocol):
+    """Feed token ``token_ids[b]`` at position ``positions[b]`` on ``pasts[b]`` (each grows by one
+    position) and return the next-token logits ``[batch, vocab_size]`` float32."""
+
+    name: str
+    """What computes the step (``"lean"``, ``"transformers"``), as ``/health`` reports it."""
+
+    def __call__(
+        self, token_ids: Sequence[int], pasts: Sequence[DynamicCache], positions: Sequence[int]
+    ) -> torch.Tensor: ...
+
+
+class TransformersDecoder:
+    """transformers' forward, batched with per-row attention (``engine.forward.decode_batch``)."""
+
+    name = "transformers"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(
+        self, token_ids: Sequence[int], pasts: Sequence[DynamicCache], positions: Sequence[int]
+    ) -> torch.Tensor:
+        with decode_kernels():
+            if len(token_ids) == 1:
+                return decode_step(self.model, token_ids[0], pasts[0], positions[0]).unsqueeze(0)
+            return decode_batch(self.model, token_ids, pasts, positions)
+
+
+class LeanDecoder:
+    """The decode step over a pre-norm decoder's modules (see the module docstring).
+
+    Raises:
+        ValueError: the model does not have the expected modules (``LeanDecoder.unsupported``).
+    """
+
+    name = "lean"
+
+    def __init__(self, model: Any) -> None:
+        if (reason := self.unsupported(model)) is not None:
+            raise ValueError(reason)
+        inner = model.model
+        self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm.forward, inner.rotary_emb
+        self.head = decode_fn(model.lm_head)
+        rope = importlib.import_module(type(model).__module__).apply_rotary_pos_emb
+        self.layers = [LayerStep(layer, rope) for layer in inner.layers]
+
+    @staticmethod
+    def unsupported(model: Any) -> str | None:
+        """Why the lean step cannot run this model, or None."""
+        inner = getattr(model, "model", None)
+        if inner is None or not all(
+            hasattr(inner, a) for a in ("embed_tokens", "norm", "rotary_emb", "layers")
+        ):
+            return "not a decoder with embed_tokens, layers, norm and rotary_emb"
+        if not hasattr(importlib.import_module(type(model).__module__), "apply_rotary_pos_emb"):
+            return "no apply_rotary_pos_emb beside the model"
+        config = model.config
+        for flag in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(config, flag, None):
+                return f"config.{flag} is set"
+        if sliding_window(config):
+            return "its attention has a sliding window"
+        layer = inner.layers[0]
+        if not all(
+            hasattr(layer, a) for a in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+        ):
+            return "layers are not pre-norm (input_layernorm, self_attn, post_attention_layernorm, mlp)"
+        if hasattr(layer, "pre_feedforward_layernorm") or hasattr(layer, "post_feedforward_layernorm"):
+            return "layers have extra feed-forward norms"
+        attn = layer.self_attn
+        if not (hasattr(attn, "qkv_proj") or all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj"))):
+            return "attention has no q/k/v projections"
+        return None
+
+    @torch.inference_mode()
+    def __call__(
+        self, token_ids: Sequence[int], pasts: Sequence[DynamicCache], positions: Sequence[int]
+    ) -> torch.Tensor:
+        device = self.embed.weight.device
+        rows = len(token_ids)
+        x = self.embed(torch.tensor(token_ids, device=device))  # [rows, hidden]
+        cos, sin = self.rotary(x, torch.tensor(positions, device=device).view(rows, 1))  # [rows, 1, head_dim]
+        with decode_kernels():
+            for i, step in enumerate(self.layers):
+                x = step(x, cos, sin, [past.layers[i] for past in pasts])
+            return self.head(self.norm(x)).float()
+
+
+def pick_decoder(model: Any, like: torch.Tensor) -> Decoder:
+    """The lean step when it supports ``model`` and agrees with transformers' forward on it (one
+    decode step after a short prefill, batched and alone); else transformers' forward.
+
+    Args:
+        like: a tensor ``[num_layers, num_kv_heads, any, head_dim]`` of the K/V dtype and device.
+    """
+    reference = TransformersDecoder(model)
+    reason = LeanDecoder.unsupported(model)
+    if reason is None:
+        lean = LeanDecoder(model)
+        try:
+            difference = _disagreement(lean, reference, like)
+        except Exception as exc:  # a module that does not fit the lean step's wiring
+            reason = f"it failed on this model ({type(exc).__name__}: {exc})"
+        else:
+            scale = 1e-4 if like.dtype == torch.float32 else 1e-2
+            if difference <= scale:
+                log.info("decode step: lean (max relative logit difference to transformers %.1e)", difference)
+                return lean
+            reason = f"its logits differ from transformers' by {difference:.2e} (relative)"
+    log.info("decode step: transformers' forward (the lean step does not apply: %s)", reason)
+    return reference
+
+
+def _disagreement(lean: LeanDecoder, reference: TransformersDecoder, like: torch.Tensor) -> float:
+    """Max |lean - reference| logits over two decode steps, relative to the largest logit."""
+    pool = BufferPool(like, keep=0, granule=16)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    results = []
+    for decoder in (lean, reference):
+        pasts = [past_from_blocks([], 0, pool.acquire(len(p) + 2)) for p in prompts]
+        with torch.inference_mode():
+            for prompt, past in zip(prompts, pasts, strict=True):
+                prefill(reference.model, prompt, past, 0)
+            positions = [len(p) for p in prompts]
+            batched = decoder([9, 10], pasts, positions)
+            alone = decoder([11], pasts[:1], [positions[0] + 1])
+        results.append(torch.cat([batched, alone]))
+    ours, theirs = results
+    return float((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1e-6))

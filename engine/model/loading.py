@@ -1,0 +1,221 @@
+"""Load a model for serving: resolve it (``engine.model.resolve``), choose its formats, load weights and
+tokenizer, quantize, and probe the K/V it produces.
+
+Formats: ``dtype`` is the activation and K/V dtype, ``weights`` the weight format of the linear
+layers (``engine.model.quantize``); ``auto`` is the exact mode, float32 and full weights. Both, and the
+device kind, are part of every cache namespace: K/V computed in one format or on one kind of device
+is never reused in another.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from engine.model.convert import convert_gguf
+from engine.model.fetch import ModelError
+from engine.model.quantize import WEIGHT_FORMATS, WeightFormat, quantize_linears
+from engine.model.resolve import model_fingerprint, resolve_model_dir
+from hashing import Namespace, NamespaceIdentity
+from store.interface import KVSpec
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHTS = ("auto", *WEIGHT_FORMATS)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve.
+
+    Attributes:
+        name: the id served in ``/v1/models`` and accepted in requests' ``model`` field.
+        model: a transformers causal LM in eval mode (linear layers quantized per ``weights``).
+        tokenizer: its tokenizer, with the chat template.
+        base_identity: the cache identity of its K/V (fingerprint, formats, device), of no tenant
+            yet: ``identity(tenant)`` completes it.
+        kv_spec: the shape and dtype of the K/V it produces.
+        context_length: maximum tokens (prompt + completion).
+        eos_token_ids: token ids that end a completion.
+        aliases: further names requests may use for it (``--served-model-name``).
+    """
+
+    name: str
+    model: Any
+    tokenizer: Any
+    base_identity: NamespaceIdentity
+    kv_spec: KVSpec
+    context_length: int
+    eos_token_ids: frozenset[int]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex digest of the weight files and config (``engine.model.resolve.model_fingerprint``)."""
+        return self.base_identity.model_fingerprint
+
+    @property
+    def weights(self) -> str:
+        """The weight format of the linear layers (``"full"``, ``"int4"``, ``"int8"``)."""
+        return self.base_identity.weights
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name requests may use: ``name``, then the other aliases."""
+        return (self.name, *(a for a in self.aliases if a != self.name))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights (and so every K/V and logits tensor) live."""
+        return cast(torch.device, self.model.get_input_embeddings().weight.device)
+
+    @property
+    def format(self) -> str:
+        """E.g. ``"bfloat16 activations and K/V, int4 weights, on cpu"``."""
+        return f"{self.kv_spec.dtype} activations and K/V, {self.weights} weights, on {self.device.type}"
+
+    def identity(self, tenant: str) -> NamespaceIdentity:
+        """The cache identity of ``tenant``'s K/V computed by this model, formats and device."""
+        return _for_tenant(self.base_identity, tenant)
+
+    def namespace(self, tenant: str) -> Namespace:
+        """The cache namespace of ``tenant`` (``identity(tenant).digest()``)."""
+        return self.identity(tenant).digest()
+
+
+@lru_cache(maxsize=4096)
+def _for_tenant(base: NamespaceIdentity, tenant: str) -> NamespaceIdentity:
+    # NOTE: kept, so each tenant's digest is computed once
+    return base.for_tenant(tenant)
+
+
+def resolve_formats(dtype: str, weights: str) -> tuple[str, WeightFormat]:
+    """``(dtype, weights)`` with ``auto`` replaced by the exact mode (``float32``, ``full``).
+
+    Raises:
+        ModelError: an unknown value.
+    """
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if weights not in WEIGHTS:
+        raise ModelError(f"weights {weights!r} is not one of {', '.join(WEIGHTS)}")
+    # NOTE: auto is the exact mode. The reduced formats decode faster on a CPU, but measured on
+    # the default model their cached and cold answers also part where the cold top-2 logit gap
+    # is wider than a near-tie (docs/benchmarks.md), so none of them may be the default yet.
+    if dtype == "auto":
+        dtype = "float32"
+    if weights == "auto":
+        weights = "full"
+    return dtype, cast(WeightFormat, weights)
+
+
+def load_model(
+    spec: str, *, cache_dir: Path, dtype: str = "float32", weights: str = "full", device: str = "cpu"
+) -> LoadedModel:
+    """Resolve, load, quantize and check a model.
+
+    Raises:
+        ModelError: missing model, unsupported architecture (not a decoder-only model whose
+            layers are all full attention), or an unknown or impossible format.
+    """
+    dtype, fmt = resolve_formats(dtype, weights)
+    name, model_dir = resolve_model_dir(spec, cache_dir, convert_gguf)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        # NOTE: device_map (accelerate) puts each weight straight on the device: the host never
+        # holds a second copy of the whole model.
+        placement = {} if device == "cpu" else {"device_map": device}
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=getattr(torch, dtype), local_files_only=True, **placement
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelError(f"cannot load {model_dir} as a causal language model: {exc}") from exc
+    model.eval()
+    kv_spec = _probe_kv_spec(model, dtype)
+    try:
+        quantize_linears(model, fmt, getattr(torch, dtype))
+    except ValueError as exc:
+        raise ModelError(str(exc)) from exc
+    eos = model.generation_config.eos_token_id
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+    if tokenizer.eos_token_id is not None:
+        eos_ids.add(tokenizer.eos_token_id)
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        base_identity=NamespaceIdentity(
+            model_fingerprint=model_fingerprint(model_dir, Path(cache_dir)),
+            kv_dtype=kv_spec.dtype,
+            tenant="",
+            weights=fmt,
+            device=model.get_input_embeddings().weight.device.type,
+        ),
+        kv_spec=kv_spec,
+        context_length=int(getattr(model.config, "max_position_embeddings", 2048)),
+        eos_token_ids=frozenset(eos_ids),
+    )
+
+
+def sliding_window(config: Any) -> int | None:
+    """The attention window in tokens if one applies within the context, else None (a window of
+    at least ``max_position_embeddings``, or one switched off, is full attention)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if (
+        not window
+        or not getattr(config, "use_sliding_window", True)
+        or (layer_types and set(layer_types) == {"full_attention"})
+    ):
+        return None
+    return int(window) if window < getattr(config, "max_position_embeddings", window + 1) else None
+
+
+def load_model_apart(spec: str, **options: Any) -> LoadedModel:
+    """``load_model`` on a thread of its own that ends afterwards.
+
+    NOTE: loading runs parallel operations, which give the loading thread an OpenMP team; a team
+    outlives its work as long as its thread does, and more team threads than cores slow the
+    model thread's every operation (see ``engine.worker``). A thread that ends takes its team.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="kvproxy-load") as pool:
+        return pool.submit(load_model, spec, **options).result()
+
+
+@torch.inference_mode()
+def _probe_kv_spec(model: Any, dtype: str) -> KVSpec:
+    """Run one token and read the K/V layout off the cache the model returns.
+
+    Raises:
+        ModelError: the model is an encoder-decoder, or a layer is not full attention (a sliding
+            window or a recurrent layer keeps only part of the past, so its K/V cannot be rebuilt
+            from 128-token blocks as a full past).
+    """
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(
+            f"{config.model_type} is an encoder-decoder model; kvproxy serves decoder-only models"
+        )
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    window = sliding_window(config)
+    if layer_types - {"full_attention"} or window:
+        kinds = ", ".join(sorted(layer_types - {"full_attention"})) or f"a sliding window of {window} tokens"
+        raise ModelError(
+            f"{config.model_type} has layers that are not full attention ({kinds}); kvproxy serves "
+            "models whose layers all attend to the whole past"
+        )
+    device = model.get_input_embeddings().weight.device
+    out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True)
+    cache = out.cache
+    if not isinstance(cache, DynamicCache) or any(
+        getattr(layer, "is_sliding", False) for layer in cache.layers
+    ):
+        raise ModelError(f"{config.model_type} does not use a plain dynamic KV cache; unsupported")
+    key = cast(torch.Tensor, cast(DynamicLayer, cache.layers[0]).keys)
+    return KVSpec(num_layers=len(cache.layers), num_kv_heads=key.shape[1], head_dim=key.shape[3], dtype=dtype)

@@ -1,0 +1,114 @@
+"""The lookup stage: a request's cached prefix is matched, read, verified and copied into its K/V
+buffers on threads of its own, before the request joins the batch with its past ready.
+
+So the model thread never waits on Redis or the disk: one request's blob reads never delay the
+other running requests' decode steps, and a read that hangs holds up only its own request, until
+the cache gives up on it (``PrefixCache.lookup`` returns within a bounded time) and the request
+is computed as a miss.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+from transformers import DynamicCache
+
+from engine.forward import prefill_chunks
+from engine.kv import BufferPool, past_from_blocks
+from engine.model.loading import LoadedModel
+from engine.sequence import Sequence as Seq
+from engine.sequence import State
+from hashing import Namespace, reusable_tokens
+from store.interface import PrefixCache, PrefixMatch, TtlPlan
+from store.outcomes import MissReason
+
+log = logging.getLogger(__name__)
+
+INITIAL_ROOM_TOKENS = 1024
+"""Completion tokens a request's K/V buffers have room for before they grow."""
+
+
+class LoadedPrefix(NamedTuple):
+    """A prompt's past as far as the cache served it."""
+
+    past: DynamicCache  # K/V of positions [0, cached_tokens)
+    cached_tokens: int
+    cached_blocks: int
+    miss_reason: MissReason | None
+
+
+def load_prefix(
+    cache: PrefixCache | None,
+    namespace: Namespace,
+    prompt_ids: Sequence[int],
+    buffers: tuple[torch.Tensor, torch.Tensor],
+    ttl_s: TtlPlan = None,
+    count: bool = True,
+) -> LoadedPrefix:
+    """Look up the longest cached prefix of ``prompt_ids`` and copy it into ``buffers`` (see
+    ``engine.kv.past_from_blocks``); ``cache`` None is ``--no-cache``; ``count`` as in
+    ``PrefixCache.lookup``."""
+    match = PrefixMatch([], MissReason.DISABLED)
+    if cache is not None:
+        match = cache.lookup(namespace, prompt_ids, ttl_s=ttl_s, count=count)
+    reused = reusable_tokens(len(prompt_ids), match.num_blocks)
+    return LoadedPrefix(
+        past_from_blocks(match.blocks, reused, buffers), reused, match.num_blocks, match.miss_reason
+    )
+
+
+class PrefixLoader:
+    """Runs the lookup stage of admitted sequences on ``threads`` daemon threads.
+
+    Args:
+        ready: called with each sequence once its past is ready (state ``PREFILLING``) or its
+            stage failed (``error`` set); called on a loader thread.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache: PrefixCache | None,
+        buffers: BufferPool,
+        threads: int,
+        ready: Callable[[Seq], None],
+    ) -> None:
+        self.loaded, self.cache, self.buffers, self.ready = loaded, cache, buffers, ready
+        self._jobs: queue.SimpleQueue[Seq] = queue.SimpleQueue()
+        for i in range(threads):
+            threading.Thread(target=self._loop, name=f"kvproxy-loader-{i}", daemon=True).start()
+
+    def load(self, seq: Seq) -> None:
+        """Start the stage of an admitted sequence (returns at once)."""
+        self._jobs.put(seq)
+
+    def _loop(self) -> None:
+        while True:
+            seq = self._jobs.get()
+            try:
+                self._load(seq)
+            except Exception as exc:  # a bug must fail this request, not the stage
+                log.exception("loading a cached prefix failed")
+                seq.error = exc
+            self.ready(seq)
+
+    def _load(self, seq: Seq) -> None:
+        request, start = seq.request, time.perf_counter()
+        # NOTE: room for the usual completion; a longer one grows the past (one copy per doubling)
+        seq.buffers = self.buffers.acquire(seq.n + min(request.max_tokens, INITIAL_ROOM_TOKENS))
+        namespace = self.loaded.namespace(request.tenant)
+        prefix = load_prefix(
+            self.cache, namespace, request.prompt_ids, seq.buffers, request.cache_ttl_s, not request.prewarm
+        )
+        seq.past, seq.cached_tokens = prefix.past, prefix.cached_tokens
+        seq.cached_blocks, seq.miss_reason = prefix.cached_blocks, prefix.miss_reason
+        suffix = request.prompt_ids[prefix.cached_tokens :]
+        seq.chunks = prefill_chunks(self.loaded.model, suffix, prefix.past, prefix.cached_tokens)
+        seq.load_s = time.perf_counter() - start
+        seq.state = State.PREFILLING

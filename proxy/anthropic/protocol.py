@@ -1,0 +1,192 @@
+"""The Anthropic Messages API (``POST /v1/messages``): request models, prompt caching with
+``cache_control`` breakpoints, usage and the streamed event sequence.
+
+Source: Anthropic's API reference, Messages and Prompt caching. Usage in their meaning:
+``cache_read_input_tokens`` were served from the cache, ``cache_creation_input_tokens`` are the
+prompt's tokens this request stored (its full blocks that were not cached), ``input_tokens`` the
+rest; the three add up to the prompt's length.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from engine.requests import Failed, Finished, PrefillDone, TokenDelta
+from hashing import BLOCK_SIZE, num_full_blocks
+from proxy.serving.running import Started
+
+TTL_S = {"5m": 300, "1h": 3600}
+"""``cache_control.ttl`` in seconds (absent: 5 minutes)."""
+
+Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class CacheControl(_Lenient):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+
+
+class ContentBlock(_Lenient):
+    type: str
+    text: str | None = None
+    cache_control: CacheControl | None = None
+
+
+class Message(_Lenient):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+    def blocks(self) -> list[ContentBlock]:
+        return (
+            [ContentBlock(type="text", text=self.content)] if isinstance(self.content, str) else self.content
+        )
+
+
+class MessagesRequest(_Lenient):
+    model: str
+    max_tokens: Annotated[StrictInt, Field(ge=1)]  # NOTE: required, as Anthropic requires it
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[ContentBlock] | None = None
+    temperature: Real | None = Field(None, ge=0, le=1)
+    top_p: Real | None = Field(None, gt=0, le=1)
+    stop_sequences: list[str] | None = None
+    stream: StrictBool = False
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """``(param, reason)`` for the first field this server cannot honour, if any."""
+        extra = self.model_extra or {}
+        for name in ("tools", "tool_choice", "thinking", "top_k"):
+            if extra.get(name) is not None and not (
+                name == "thinking" and extra[name] == {"type": "disabled"}
+            ):
+                return name, f"`{name}` is not supported by this server"
+        system = self.system if isinstance(self.system, list) else []
+        for i, block in enumerate(system):
+            if block.type != "text":
+                return (
+                    f"system[{i}].type",
+                    f"system blocks of type `{block.type}` are not supported; send text",
+                )
+        for i, message in enumerate(self.messages):
+            for j, block in enumerate(message.blocks()):
+                if block.type != "text":
+                    return (
+                        f"messages[{i}].content[{j}].type",
+                        f"content blocks of type `{block.type}` are not supported; send text",
+                    )
+        return None
+
+    def template_messages(self) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
+        """The messages as chat templates take them, and the ``cache_control`` breakpoints as
+        ``(index of the template message that holds it, TTL in seconds)``."""
+        messages: list[dict[str, Any]] = []
+        breakpoints: list[tuple[int, int]] = []
+        if self.system is not None:
+            system = (
+                [ContentBlock(type="text", text=self.system)] if isinstance(self.system, str) else self.system
+            )
+            messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
+            breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
+        for message in self.messages:
+            blocks = message.blocks()
+            breakpoints += [(len(messages), TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control]
+            messages.append({"role": message.role, "content": "".join(b.text or "" for b in blocks)})
+        return messages, breakpoints
+
+
+class CountTokensRequest(MessagesRequest):
+    """``POST /v1/messages/count_tokens``: a Messages body without ``max_tokens``."""
+
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # type: ignore[assignment]
+
+
+def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> tuple[int | None, ...]:
+    """The TTL plan of a prompt with breakpoints ``(token position where the marked content ends,
+    TTL)``: each full block ending at or before a breakpoint takes that breakpoint's TTL (the first
+    one that covers it); later blocks take the server's (None)."""
+    plan: list[int | None] = []
+    for i in range(num_full_blocks(prompt_tokens)):
+        end = (i + 1) * BLOCK_SIZE
+        plan.append(next((ttl for position, ttl in breakpoints if position >= end), None))
+    while plan and plan[-1] is None:
+        plan.pop()
+    return tuple(plan)
+
+
+def usage(done: PrefillDone, output_tokens: int, caching: bool) -> dict[str, int]:
+    """Anthropic usage of a request whose prompt was computed as ``done`` says."""
+    created = BLOCK_SIZE * (num_full_blocks(done.prompt_tokens) - done.cached_blocks) if caching else 0
+    return {
+        "input_tokens": done.prompt_tokens - done.cached_tokens - created,
+        "cache_creation_input_tokens": created,
+        "cache_read_input_tokens": done.cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+def stop_reason(finished: Finished) -> str:
+    """``end_turn`` (the model ended), ``max_tokens`` or ``stop_sequence``."""
+    if finished.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+
+
+def message(
+    message_id: str, model: str, text: str | None, finished: Finished | None, usage: dict[str, int]
+) -> dict[str, Any]:
+    """A Messages API response object (``text`` None: the empty message of ``message_start``)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [] if text is None else [{"type": "text", "text": text}],
+        "stop_reason": stop_reason(finished) if finished else None,
+        "stop_sequence": finished.stop_sequence if finished else None,
+        "usage": usage,
+    }
+
+
+async def events(started: Started, message_id: str, model: str, caching: bool) -> AsyncIterator[str]:
+    """The streamed event sequence: ``message_start``, ``content_block_start``, a
+    ``content_block_delta`` per piece of text, ``content_block_stop``, ``message_delta`` (stop
+    reason, output tokens), ``message_stop``; an ``error`` event if generation fails."""
+    running, done = started.running, started.done
+    try:
+        yield _event(
+            "message_start", {"message": message(message_id, model, None, None, usage(done, 0, caching))}
+        )
+        yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        async for event in running:
+            if isinstance(event, TokenDelta) and event.text:
+                yield _event(
+                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": event.text}}
+                )
+            elif isinstance(event, Finished):
+                if event.text:
+                    yield _event(
+                        "content_block_delta",
+                        {"index": 0, "delta": {"type": "text_delta", "text": event.text}},
+                    )
+                yield _event("content_block_stop", {"index": 0})
+                delta = {"stop_reason": stop_reason(event), "stop_sequence": event.stop_sequence}
+                yield _event(
+                    "message_delta", {"delta": delta, "usage": {"output_tokens": event.completion_tokens}}
+                )
+                yield _event("message_stop", {})
+            elif isinstance(event, Failed):
+                yield _event("error", {"error": {"type": "api_error", "message": "internal server error"}})
+    finally:
+        running.cancel()
+
+
+def _event(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind} | data, ensure_ascii=False)}\n\n"

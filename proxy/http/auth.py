@@ -1,0 +1,96 @@
+"""API keys and tenants: who is asking, and whose cache namespace they use.
+
+The tenant comes only from the authenticated key, never from the request body, so body fields
+(``user``, ``prompt_cache_key``, ``cache_salt``, ...) can never widen cache sharing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import xxhash
+from fastapi import Depends, Request
+
+from proxy.config import ServerSettings
+from proxy.http.errors import OpenAIError
+
+DEFAULT_TENANT = "default"
+
+
+def parse_api_keys(value: str | None) -> dict[str, str] | None:
+    """``--api-keys`` as ``{key: tenant}``, or None when authentication is off.
+
+    Accepts a comma-separated list or the path of a file with one entry per line (``#`` starts a
+    comment). An entry is ``key`` (a tenant of its own, named by a digest of the key) or
+    ``key=tenant`` (keys naming one tenant share its cache).
+
+    Raises:
+        ValueError: the value names no key at all.
+    """
+    if value is None or not value.strip():
+        return None
+    path = Path(value).expanduser()
+    raw = path.read_text().splitlines() if path.is_file() else value.split(",")
+    entries = [line.split("#", 1)[0].strip() for line in raw]
+    table: dict[str, str] = {}
+    for entry in filter(None, entries):
+        key, _, tenant = (part.strip() for part in entry.partition("="))
+        table[key] = tenant or f"key-{xxhash.xxh3_64_hexdigest(key.encode())}"
+    if not table:
+        raise ValueError("--api-keys names no key")
+    return table
+
+
+def bearer(request: Request) -> str | None:
+    """The API key: ``Authorization: Bearer <key>`` (OpenAI's clients) or ``x-api-key: <key>``
+    (Anthropic's)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip() or None
+
+
+def get_tenant(request: Request) -> str:
+    """The tenant of the request's API key (401 when keys are required and this one is wrong)."""
+    table: dict[str, str] | None = request.app.state.api_keys
+    if table is None:
+        return DEFAULT_TENANT
+    token = bearer(request)
+    # NOTE: compare against every key in constant time, so timing reveals nothing about keys.
+    tenant = None
+    for key, name in table.items():
+        if token is not None and secrets.compare_digest(token.encode(), key.encode()):
+            tenant = name
+    if tenant is None:
+        message = "Missing API key" if token is None else "Incorrect API key provided"
+        raise OpenAIError(401, message, code="invalid_api_key")
+    return tenant
+
+
+def require_admin(request: Request) -> None:
+    """Pass only requests carrying the admin key: 403 for a valid API key (it names a tenant, not
+    an operator), 401 otherwise. Without ``--admin-key`` the admin routes are open only while API
+    keys are off (a single-user server)."""
+    settings: ServerSettings = request.app.state.settings
+    token = bearer(request)
+    if settings.admin_key is None and request.app.state.api_keys is None:
+        return
+    if settings.admin_key is not None and secrets.compare_digest(
+        (token or "").encode(), settings.admin_key.encode()
+    ):
+        return
+    message = "this route needs the admin key" + (" (--admin-key)" if settings.admin_key is None else "")
+    if request.app.state.api_keys is not None:
+        try:
+            get_tenant(request)
+        except OpenAIError:
+            pass
+        else:
+            raise OpenAIError(403, f"{message}; an API key is not enough", code="permission_denied")
+    raise OpenAIError(401, message, code="invalid_api_key")
+
+
+Tenant = Annotated[str, Depends(get_tenant)]

@@ -1,0 +1,114 @@
+"""Errors as clients expect them: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, or
+Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on the Messages API, with a status."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+_UNION_TAG = re.compile(
+    r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$"
+)
+
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
+
+
+class OpenAIError(Exception):
+    """An error a client sees, in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    @classmethod
+    def cache_unavailable(cls, detail: str = "") -> OpenAIError:
+        """503: the cache's index (Redis) is unreachable."""
+        return cls(503, f"Redis is unreachable{detail}", type="server_error", code="cache_unavailable")
+
+    def response(self, dialect: str = "openai") -> JSONResponse:
+        """The error in OpenAI's shape, or Anthropic's (``dialect="anthropic"``, the Messages API)."""
+        body: dict[str, Any] = {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        }
+        if dialect == "anthropic":
+            text = (
+                f"{self.param}: {self.message}"
+                if self.param and self.param not in self.message
+                else self.message
+            )
+            body = error_body(self.status, text)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def dialect(path: str) -> str:
+    """``"anthropic"`` for the Messages API's routes (``path``), else ``"openai"``."""
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves the server in OpenAI's shape; FastAPI's 422 becomes a 400."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response(dialect(request.url.path))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # NOTE: a union field fails once per member; the deepest failure is the one that names
+        # what is wrong (``messages[0].content[0].cache_control.ttl``, not ``...content: not a str``).
+        first: dict[str, Any] = max(exc.errors(), key=lambda e: len(e.get("loc", ())), default={})
+        # NOTE: pydantic names the member of a union it tried (``prompt.str``); clients want the field.
+        loc = [p for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message, loc = (
+                f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})",
+                [],
+            )
+        elif first.get("type") == "missing" and not loc:
+            message = "the request needs a JSON body"
+        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
+        error = OpenAIError(400, f"{param}: {message}" if param else message, param=param)
+        return error.response(dialect(request.url.path))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return OpenAIError(exc.status_code, str(exc.detail), type=kind).response(dialect(request.url.path))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", exc_info=exc)
+        error = OpenAIError(500, "internal server error", type="server_error")
+        return error.response(dialect(request.url.path))

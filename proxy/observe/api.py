@@ -1,0 +1,112 @@
+"""``GET /metrics`` (Prometheus), ``GET /stats`` (JSON) and ``GET /dashboard`` (HTML).
+
+With API keys on, ``/stats`` answers a tenant with its own figures only (its namespace), and the
+admin key with the whole deployment's; ``/metrics`` needs the admin key. The dashboard page holds
+no data: its script reads ``/stats`` with the key given in the page's ``#key=`` fragment (which
+browsers never send to the server).
+"""
+
+from __future__ import annotations
+
+import secrets
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import HTMLResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from hashing import Namespace
+from proxy.http.auth import DEFAULT_TENANT, bearer, get_tenant, require_admin
+from proxy.observe import panels
+from proxy.state import CacheDep, EngineDep, MetricsDep, get_settings
+
+router = APIRouter()
+
+
+@router.get("/metrics", dependencies=[Depends(require_admin)])
+async def metrics(m: MetricsDep) -> Response:
+    body = await run_in_threadpool(generate_latest, m.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def stats_scope(request: Request, engine: EngineDep) -> Namespace | None:
+    """None (everything) without API keys or for the admin key; else the caller's namespace."""
+    if request.app.state.api_keys is None:
+        return None
+    admin_key = get_settings(request).admin_key
+    token = bearer(request)
+    if (
+        admin_key is not None
+        and token is not None
+        and secrets.compare_digest(token.encode(), admin_key.encode())
+    ):
+        return None
+    return engine.loaded.namespace(get_tenant(request))
+
+
+def viewer(request: Request, scope: Namespace | None, engine: EngineDep) -> Namespace | None:
+    """The namespace whose prompts the caller may read: a tenant's own, the single tenant's
+    without API keys, none for the admin key (it names an operator, not a tenant)."""
+    if scope is None and request.app.state.api_keys is None:
+        return engine.loaded.namespace(DEFAULT_TENANT)
+    return scope
+
+
+@router.get("/stats")
+async def stats(
+    request: Request,
+    scope: Annotated[Namespace | None, Depends(stats_scope)],
+    m: MetricsDep,
+    cache: CacheDep,
+    engine: EngineDep,
+) -> dict[str, Any]:
+    """Totals for the deployment (from Redis: every replica adds up) and for this process, hit
+    rates over the last minute and hour, TTFT by cache outcome, evictions, recent misses; and the
+    dashboard's series and tables:
+
+    - ``process.ttft_per_minute``: this process's median TTFT per minute of the last hour, by
+      cache outcome; ``process.ttft_by_cached_tokens``: its median TTFT per bin of cached-prefix
+      length over the last hour (``proxy.observe.series``).
+    - ``timeline``: tokens queried and hit per minute of the last hour (from Redis).
+    - ``usage``: ``[{"at", "blocks", "bytes"}]``, what the cache held, sampled by this process
+      every 30 s over the last hour (``proxy.observe.usage``); deployment scope only.
+    - ``hot_prefixes``: the 10 cached prefixes that saved the most tokens (``proxy.observe.panels``):
+      ``tenant``, ``namespace``, ``hits``, ``tokens_saved``, ``blocks``, ``cached_tokens``,
+      ``bytes``, ``ttl_seconds`` and ``text``, the prefix's first 60 characters for the caller's
+      own tenant only (None for another tenant's, e.g. for the admin key).
+    - ``tenants``: per tenant (namespace) with traffic, all-time ``prompt_tokens``,
+      ``cached_tokens``, ``hit_rate`` and ``last_hour``; deployment scope only.
+
+    Each is None when the cache is off, out of scope, or (read from Redis) Redis does not answer.
+    """
+    out: dict[str, Any] = {
+        "scope": "deployment" if scope is None else "tenant",
+        "cache": "disabled" if cache is None else await run_in_threadpool(cache.health),
+        "process": m.log.summary(scope.hex() if scope is not None else None),
+        "audit": m.audits.summary(scope.hex() if scope is not None else None),
+        "deployment": None,
+        "timeline": None,
+        "usage": None,
+        "hot_prefixes": None,
+        "tenants": None,
+    }
+    if cache is not None:
+        out["deployment"] = await run_in_threadpool(cache.deployment_stats, scope)
+        out["timeline"] = await run_in_threadpool(cache.timeline, scope)
+        api_keys, loaded = request.app.state.api_keys, engine.loaded
+        readable = viewer(request, scope, engine)
+        out["hot_prefixes"] = await run_in_threadpool(
+            panels.hot_prefixes, cache, loaded, scope, readable, api_keys
+        )
+        if scope is None:
+            out["process"]["evictions"] = cache.stats().evictions
+            out["usage"] = request.app.state.usage.points()
+            out["tenants"] = await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys)
+    return out
+
+
+@router.get("/dashboard", response_class=HTMLResponse)
+async def dashboard() -> HTMLResponse:
+    return HTMLResponse(resources.files("proxy").joinpath("static/dashboard.html").read_text())

@@ -1,0 +1,92 @@
+"""Per-request records of this process, behind ``/stats`` and the dashboard: totals, hit rates over
+the last minute and hour, TTFT percentiles by cache outcome and its series (``proxy.observe.series``), the
+recent misses."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.observe.series import ttft_by_cached_tokens, ttft_per_minute
+from store.outcomes import CacheKind, MissReason
+
+KEEP_RECORDS = 20_000
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One answered request, as the stats see it."""
+
+    at: float  # Unix time of the first token
+    namespace: str  # hex: the tenant's cache namespace
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    kind: CacheKind
+    reason: MissReason | None
+    prefill_s: float
+    saved_s: float
+
+
+class RequestLog:
+    """The last ``KEEP_RECORDS`` requests (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._records: deque[RequestRecord] = deque(maxlen=KEEP_RECORDS)
+        self._lock = threading.Lock()
+
+    def add(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def summary(self, namespace_hex: str | None) -> dict[str, Any]:
+        """This process's figures for one namespace (a tenant) or all."""
+        now = time.time()
+        with self._lock:
+            mine = [r for r in self._records if namespace_hex is None or r.namespace == namespace_hex]
+
+        def window(seconds: float) -> dict[str, Any]:
+            rs = [r for r in mine if r.at >= now - seconds]
+            queried, hit = sum(r.prompt_tokens for r in rs), sum(r.cached_tokens for r in rs)
+            return {
+                "queried_tokens": queried,
+                "hit_tokens": hit,
+                "hit_rate": hit / queried if queried else None,
+            }
+
+        def ttft(kind: CacheKind) -> dict[str, Any]:
+            values = sorted(r.ttft_s for r in mine if r.kind == kind and r.at >= now - 3600)
+            if not values:
+                return {"count": 0, "p50": None, "p95": None}
+            p95 = statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
+            return {"count": len(values), "p50": statistics.median(values), "p95": p95}
+
+        misses = [r for r in mine if r.kind != "hit"][-20:]
+        hour = [r for r in mine if r.at >= now - 3600]
+        kinds: tuple[CacheKind, ...] = ("hit", "partial", "miss")
+        return {
+            "requests": len(mine),
+            "prompt_tokens": sum(r.prompt_tokens for r in mine),
+            "cached_tokens": sum(r.cached_tokens for r in mine),
+            "prefill_seconds": sum(r.prefill_s for r in mine),
+            "prefill_seconds_saved": sum(r.saved_s for r in mine),
+            "last_minute": window(60),
+            "last_hour": window(3600),
+            "ttft_seconds": {kind: ttft(kind) for kind in kinds},
+            "ttft_per_minute": ttft_per_minute((r.at, r.kind, r.ttft_s) for r in hour),
+            "ttft_by_cached_tokens": ttft_by_cached_tokens((r.cached_tokens, r.ttft_s) for r in hour),
+            "recent_misses": [
+                {
+                    "at": r.at,
+                    "prompt_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "cache": r.kind,
+                    "reason": r.reason,
+                }
+                for r in reversed(misses)
+            ],
+        }

@@ -1,0 +1,186 @@
+"""``kvproxy route``: the router's ASGI app. No model is loaded; ``--tokenizer`` loads only a
+tokenizer and its chat template.
+
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (routed and forwarded),
+``GET /v1/models`` (the union of the replicas'), ``GET /health``, ``GET /metrics``,
+``GET /stats`` and ``GET /dashboard`` (predicted against reported hit rate per replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+import httpx
+import xxhash
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from engine.model.fetch import ModelError, convert_in_child
+from engine.model.resolve import resolve_model_dir
+from proxy.config import RouteSettings
+from proxy.http.auth import Tenant, parse_api_keys, require_admin
+from proxy.http.errors import install_error_handlers
+from proxy.http.limits import BodySizeLimit
+from proxy.router.forward import forward
+from proxy.router.identity import Identity
+from proxy.router.index import RouteIndex
+from proxy.router.routing import Router
+from store.index.memory.index import MEMORY_URL
+from store.index.redis.connect import redis_client
+
+log = logging.getLogger("route")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+api = APIRouter()
+
+
+def load_identity(settings: RouteSettings) -> Identity:
+    """The tokenizer ``--tokenizer`` names (a known model, a ``.gguf`` file, a checkpoint
+    directory or a hub id), with a fingerprint of its files; text hashing without one.
+
+    NOTE: the fast tokenizer class, not ``AutoTokenizer``, whose import loads torch (its
+    configuration machinery); a model still to convert is converted in a child process. The
+    router process never imports torch.
+
+    Raises:
+        engine.model.fetch.ModelError: the name or directory is not a model, or has no
+            ``tokenizer.json``.
+    """
+    if settings.tokenizer is None:
+        return Identity(None)
+    from transformers import PreTrainedTokenizerFast
+
+    _, path = resolve_model_dir(settings.tokenizer, settings.cache_dir, convert_in_child, flag="--tokenizer")
+    if not (path / "tokenizer.json").is_file():
+        raise ModelError(f"{path} has no tokenizer.json: the router loads fast tokenizers only")
+    digest = xxhash.xxh3_128()
+    for name in TOKENIZER_FILES:
+        if (path / name).is_file():
+            digest.update(name.encode() + (path / name).read_bytes())
+    return Identity(PreTrainedTokenizerFast.from_pretrained(path), digest.hexdigest())
+
+
+def create_route_app(settings: RouteSettings, identity: Identity | None = None) -> FastAPI:
+    """The router app for ``settings`` (``identity``: already loaded, else from ``--tokenizer``)."""
+    api_keys = parse_api_keys(settings.api_keys)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        known = identity if identity is not None else await asyncio.to_thread(load_identity, settings)
+        index = None
+        if not settings.redis_url.startswith(MEMORY_URL):
+            index = RouteIndex(
+                redis_client(settings.redis_url, settings.redis_timeout),
+                settings.key_prefix,
+                uuid.uuid4().hex[:12],
+            )
+        router = Router(settings, index, known)
+        app.state.router = router
+        await router.probe_all()
+        prober = asyncio.create_task(router.probe_forever())
+        log.info(
+            "routing to %s (%s, prompts hashed as %s)",
+            ", ".join(settings.upstreams),
+            settings.policy,
+            "text" if known.tokenizer is None else "token ids",
+        )
+        yield
+        prober.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await prober
+        await router.close()
+
+    app = FastAPI(title="kvproxy route", lifespan=lifespan)
+    app.state.api_keys, app.state.settings = api_keys, settings
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.include_router(api)
+    return app
+
+
+def _router(request: Request) -> Router:
+    router: Router = request.app.state.router
+    return router
+
+
+@api.post("/v1/chat/completions")
+async def chat(request: Request, tenant: Tenant) -> Response:
+    return await forward(_router(request), request, "chat", await request.body(), tenant)
+
+
+@api.post("/v1/completions")
+async def completions(request: Request, tenant: Tenant) -> Response:
+    return await forward(_router(request), request, "completions", await request.body(), tenant)
+
+
+@api.get("/v1/models")
+async def models(request: Request, _: Tenant) -> dict[str, Any]:
+    """The union of the models the replicas that are up list (the first listing wins)."""
+    router = _router(request)
+
+    async def listed(url: str) -> list[dict[str, Any]]:
+        replica = router.replicas.get(url)
+        try:
+            response = await replica.client.get(f"{url}/models", headers=_auth(request), timeout=5)
+            data = response.json().get("data", []) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return []
+        return [m for m in data if isinstance(m, dict) and "id" in m]
+
+    lists = await asyncio.gather(*(listed(r.url) for r in router.replicas.candidates(None)))
+    seen: dict[str, dict[str, Any]] = {}
+    for entries in lists:
+        for entry in entries:
+            seen.setdefault(entry["id"], entry)
+    return {"object": "list", "data": list(seen.values())}
+
+
+@api.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while some replica is up; ``degraded`` while Redis is down (local counts only)."""
+    router = _router(request)
+    up = {r.url: r.available for r in router.replicas.all}
+    redis = "off" if router.index is None else ("ok" if router.redis_ok else "down")
+    status = "ok" if any(up.values()) and redis != "down" else "degraded"
+    body = {
+        "status": status,
+        "mode": "route",
+        "policy": router.settings.policy,
+        "redis": redis,
+        "replicas": up,
+    }
+    return JSONResponse(body, status_code=200 if any(up.values()) else 503)
+
+
+@api.get("/metrics", dependencies=[Depends(require_admin)])
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_router(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@api.get("/stats", dependencies=[Depends(require_admin)])
+async def stats(request: Request) -> dict[str, Any]:
+    router = _router(request)
+    up = {r.url: r.available for r in router.replicas.all}
+    return {"policy": router.settings.policy} | router.metrics.stats(up, dict(router.replicas.inflight))
+
+
+@api.get("/dashboard")
+async def dashboard() -> HTMLResponse:
+    return HTMLResponse(resources.files("proxy").joinpath("static/route_dashboard.html").read_text())
+
+
+def _auth(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "x-api-key")}

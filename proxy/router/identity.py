@@ -1,0 +1,143 @@
+"""What the router hashes for a request: the prompt's units (token ids, or bytes of its canonical
+text) under a route namespace (``hashing.route``), and the same for prompt + reply, so that the
+next turn of a conversation finds the replica that answered this one.
+
+With a tokenizer, a chat is rendered exactly as ``kvproxy serve`` renders it
+(``proxy.serving.rendering.render_chat``, tools and ``chat_template_kwargs`` included) and a completion's
+string prompt tokenized as the engine does; token-id prompts are used as they are. Without one,
+each message is written as canonical JSON (sorted keys, no spaces), one per line, after a line
+holding the fields that change the rendering (tools, template arguments); turn N + 1's text then
+starts with turn N's text plus its reply. A wrong guess only costs a miss: answers always come
+from the upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hashing import (
+    BLOCK_SIZE,
+    BYTES_PER_TOKEN,
+    TEXT_BLOCK_BYTES,
+    BlockHash,
+    Namespace,
+    block_hashes,
+    route_namespace,
+)
+from proxy.openai.protocol import ChatMessage
+from proxy.router.policy import Endpoint
+from proxy.serving.rendering import RenderError, render_chat
+
+
+@dataclass(frozen=True)
+class PromptKey:
+    """A request's identity for routing.
+
+    Attributes:
+        namespace: the route namespace (``hashing.route_namespace``).
+        hashes: chained hashes of the prompt's full blocks.
+        prompt_tokens: the prompt's length in tokens (estimated as bytes / ``BYTES_PER_TOKEN``
+            when hashing text).
+        units: the prompt's units (token ids, or bytes of its text).
+        block_size: units per block.
+        tokens_per_block: 128 (``BLOCK_SIZE``) either way: a text block is about that many tokens.
+    """
+
+    namespace: Namespace
+    hashes: list[BlockHash]
+    prompt_tokens: int
+    units: tuple[int, ...]
+    block_size: int
+    tokens_per_block: int = BLOCK_SIZE
+
+    def extended(self, more: list[int]) -> list[BlockHash]:
+        """Hashes of the prompt followed by ``more`` units (the reply)."""
+        return block_hashes([*self.units, *more], self.namespace, self.block_size)
+
+
+class Identity:
+    """Turns request bodies into ``PromptKey``s.
+
+    Args:
+        tokenizer: a transformers tokenizer with the replicas' chat template, or None (text).
+        fingerprint: the tokenizer's fingerprint (part of the namespace).
+    """
+
+    def __init__(self, tokenizer: Any | None, fingerprint: str = "text") -> None:
+        self.tokenizer: Any = tokenizer
+        self.fingerprint = fingerprint
+
+    def prompt(self, kind: Endpoint, body: dict[str, Any], tenant: str) -> PromptKey:
+        """The key of a ``chat`` or ``completions`` body (already parsed JSON)."""
+        model = str(body.get("model", ""))
+        if kind == "completions" and _is_ids(body.get("prompt")):
+            return self._key(
+                model, tenant, "ids" if self.tokenizer is None else self.fingerprint, body["prompt"]
+            )
+        if self.tokenizer is not None:
+            ids = self._token_ids(kind, body)
+            if ids is not None:
+                return self._key(model, tenant, self.fingerprint, ids)
+        text = _chat_text(body) if kind == "chat" else _prompt_text(body.get("prompt"))
+        return self._key(model, tenant, "text", list(text.encode()))
+
+    def reply_hashes(
+        self, kind: Endpoint, body: dict[str, Any], key: PromptKey, reply: str
+    ) -> list[BlockHash]:
+        """Hashes of the prompt followed by the reply, as the next turn will start."""
+        if key.block_size == TEXT_BLOCK_BYTES:
+            tail = _message_line({"role": "assistant", "content": reply}) if kind == "chat" else reply
+            return key.extended(list(tail.encode()))
+        if self.tokenizer is None:
+            return key.hashes  # token-id prompts without a tokenizer: the reply cannot be tokenized
+        if kind == "chat":
+            messages = [*body.get("messages", []), {"role": "assistant", "content": reply}]
+            rendered = self._token_ids(kind, body | {"messages": messages}, add_generation_prompt=False)
+            if rendered is None:
+                return key.hashes
+            return block_hashes(rendered, key.namespace, key.block_size)
+        return key.extended(self.tokenizer(reply, add_special_tokens=False)["input_ids"])
+
+    def _token_ids(
+        self, kind: Endpoint, body: dict[str, Any], add_generation_prompt: bool = True
+    ) -> list[int] | None:
+        try:
+            if kind == "completions":
+                return list(self.tokenizer(_prompt_text(body.get("prompt")))["input_ids"])
+            messages = [ChatMessage.model_validate(m).for_template() for m in body.get("messages", [])]
+            return render_chat(
+                self.tokenizer,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                tools=body.get("tools"),
+                template_kwargs=body.get("chat_template_kwargs"),
+            )
+        except (RenderError, ValueError, TypeError):
+            return None  # the router cannot render it the engine's way: hash the text instead
+
+    def _key(self, model: str, tenant: str, tokenizer: str, units: list[int]) -> PromptKey:
+        text = tokenizer == "text"
+        size = TEXT_BLOCK_BYTES if text else BLOCK_SIZE
+        namespace = route_namespace(model=model, tokenizer=tokenizer, tenant=tenant, block_size=size)
+        tokens = len(units) // BYTES_PER_TOKEN if text else len(units)
+        return PromptKey(namespace, block_hashes(units, namespace, size), tokens, tuple(units), size)
+
+
+def _is_ids(prompt: object) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and t >= 0 for t in prompt)
+
+
+def _prompt_text(prompt: object) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, separators=(",", ":"))
+
+
+def _chat_text(body: dict[str, Any]) -> str:
+    header = {k: body.get(k) for k in ("tools", "chat_template_kwargs", "functions") if body.get(k)}
+    lines = [json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"]
+    return "".join(lines + [_message_line(m) for m in body.get("messages") or []])
+
+
+def _message_line(message: object) -> str:
+    return json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"

@@ -1,0 +1,159 @@
+"""The router's state and decisions: identity -> route index lookup -> loads -> choice, and what it
+records afterwards. Redis calls run off the event loop, behind a circuit breaker: with Redis down
+the router keeps routing on its own in-flight counts (``/health`` says ``degraded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from hashing import BlockHash
+from proxy.config import RouteSettings
+from proxy.router.identity import Identity, PromptKey
+from proxy.router.index import RouteIndex
+from proxy.router.metrics import RouterMetrics
+from proxy.router.policy import Choice, Endpoint, Thresholds, choose
+from proxy.router.replicas import Replica, Replicas
+from store.breaker import CircuitBreaker
+from store.index.redis.connect import REDIS_ERRORS
+
+log = logging.getLogger("route")
+T = TypeVar("T")
+
+
+class Router:
+    """Everything one ``kvproxy route`` process knows (see the module docstring).
+
+    Args:
+        index: the shared route index, or None to route on local counts alone.
+        identity: how request bodies become block hashes.
+    """
+
+    def __init__(self, settings: RouteSettings, index: RouteIndex | None, identity: Identity) -> None:
+        self.settings, self.index, self.identity = settings, index, identity
+        self.replicas = Replicas(settings.upstreams, settings.connect_timeout, settings.replica_cooldown)
+        self.metrics = RouterMetrics([r.url for r in self.replicas.all])
+        self.thresholds = Thresholds(
+            settings.balance_abs_threshold,
+            settings.balance_rel_threshold,
+            settings.route_min_match_tokens,
+            settings.route_min_match_fraction,
+        )
+        self.breaker = CircuitBreaker(settings.redis_retry)
+        self.rng = random.Random()
+        self.turn = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def redis_ok(self) -> bool:
+        return self.index is not None and self.breaker.allow()
+
+    async def choose(
+        self, kind: Endpoint, key: PromptKey, model: str | None, exclude: set[str]
+    ) -> Choice | None:
+        """The replica for a request (None: no replica is up)."""
+        candidates = self.replicas.candidates(model, exclude)
+        if not candidates:
+            return None
+        epochs = {r.url: r.epoch for r in candidates}
+        blocks: dict[str, int] = {}
+        loads: dict[str, int] = dict(self.replicas.inflight)
+        if self.settings.policy == "cache-aware" and self.index is not None:
+            ttl = self.settings.route_ttl
+            blocks = await self._redis(self.index.match, key.namespace, key.hashes, epochs, ttl) or {}
+        if self.settings.policy != "round-robin" and self.index is not None:
+            loads = (await self._redis(self.index.loads)) or loads
+        matched = {r: n * key.tokens_per_block for r, n in blocks.items()}
+        self.turn += 1
+        urls = [r.url for r in candidates]
+        choice = choose(
+            self.settings.policy,
+            urls,
+            matched,
+            loads,
+            key.prompt_tokens,
+            self.thresholds,
+            self.turn,
+            self.rng,
+        )
+        log.debug(
+            "%s -> %s (%s, %d tokens held)", kind, choice.replica, choice.decision, choice.predicted_tokens
+        )
+        return choice
+
+    def started(self, replica: Replica) -> None:
+        """A request goes to ``replica``: count it in flight, here at once and in the shared index
+        in the background."""
+        self._count(replica, 1)
+
+    def ended(self, replica: Replica) -> None:
+        """The request to ``replica`` ended, on whatever path (also when the client left)."""
+        self._count(replica, -1)
+
+    def _count(self, replica: Replica, delta: int) -> None:
+        self.replicas.inflight[replica.url] += delta
+        self.metrics.inflight.labels(replica.url).set(self.replicas.inflight[replica.url])
+        if self.index is not None:
+            self.spawn(self._redis(self.index.add_inflight, replica.url, delta))
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` in the background; it outlives the request (a client that leaves)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def record(self, replica: Replica, key: PromptKey, hashes: list[BlockHash]) -> None:
+        """``replica`` was sent (or has answered) the blocks ``hashes`` of ``key``'s namespace."""
+        if self.index is not None and hashes:
+            ttl = self.settings.route_ttl
+            await self._redis(self.index.record, key.namespace, hashes, replica.url, replica.epoch, ttl)
+
+    async def probe_forever(self) -> None:
+        """Probe every replica's health each ``--health-interval`` seconds; heartbeat the index."""
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.settings.health_interval)
+
+    async def probe_all(self) -> None:
+        results = await asyncio.gather(*(self.replicas.probe(r) for r in self.replicas.all))
+        if self.index is not None:
+            await self._redis(self.index.heartbeat)
+            epochs = await self._redis(self.index.epochs, [r.url for r in self.replicas.all]) or {}
+        for replica, (up, restarted) in zip(self.replicas.all, results, strict=True):
+            if restarted and self.index is not None:
+                replica.epoch = await self._redis(self.index.bump_epoch, replica.url) or replica.epoch + 1
+                log.info("replica %s is back (epoch %d)", replica.url, replica.epoch)
+            elif self.index is not None:
+                replica.epoch = epochs.get(replica.url, replica.epoch)
+            if up and not replica.up:
+                log.info("replica %s answers again", replica.url)
+            if not up and replica.up:
+                log.warning("replica %s is down", replica.url)
+            if up:
+                replica.breaker.success()
+            replica.up, replica.probed = up, True
+            self.metrics.up.labels(replica.url).set(1 if replica.available else 0)
+
+    async def _redis(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)`` in a thread, or None when Redis is failing (the breaker opens)."""
+        if not self.breaker.allow():
+            return None
+        try:
+            result = await asyncio.to_thread(fn, *args)
+        except REDIS_ERRORS as exc:
+            if self.breaker.failure():
+                log.warning("Redis unreachable (%s): routing on local counts until it answers", exc)
+            return None
+        if self.breaker.success():
+            log.info("Redis answers again: shared routing resumed")
+        return result
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.index is not None:
+            await self._redis(self.index.clear)
+        await self.replicas.close()

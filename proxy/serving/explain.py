@@ -1,0 +1,72 @@
+"""Explained misses: why a prompt did (not) hit, in headers and, when asked, in detail.
+
+Every response carries ``x-kvproxy-cache: hit|partial|miss`` and ``x-kvproxy-cached-tokens``.
+With the request header ``x-kvproxy-explain: 1`` it also carries an explanation: in the JSON body
+under ``kvproxy_cache_explanation``, or for a stream as the ``x-kvproxy-explain`` header (JSON).
+Everything in it comes from the requester's own namespace: never another tenant's cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from engine.model.loading import LoadedModel
+from engine.requests import PrefillDone
+from hashing import BLOCK_SIZE, num_full_blocks
+from store.admin_interface import CacheAdmin
+from store.outcomes import MissReason
+
+EXPLAIN_HEADER = "x-kvproxy-explain"
+EXPLANATION_FIELD = "kvproxy_cache_explanation"
+EXCERPT_TOKENS = 8
+
+# NOTE: no divergence for these: nothing was compared, or the cache could not be asked.
+_NOTHING_TO_COMPARE = (MissReason.BELOW_ONE_BLOCK, MissReason.PARTIAL_LAST_BLOCK, MissReason.UNAVAILABLE)
+
+
+def cache_headers(done: PrefillDone) -> dict[str, str]:
+    return {"x-kvproxy-cache": done.kind, "x-kvproxy-cached-tokens": str(done.cached_tokens)}
+
+
+async def explain(
+    loaded: LoadedModel, cache: CacheAdmin | None, tenant: str, prompt_ids: Sequence[int], done: PrefillDone
+) -> dict[str, Any]:
+    """The explanation of one request's cache outcome (see the module docstring)."""
+    block, reason = done.first_miss
+    out: dict[str, Any] = {
+        "cache": done.kind,
+        "prompt_tokens": done.prompt_tokens,
+        "cached_tokens": done.cached_tokens,
+        "prompt_blocks": num_full_blocks(done.prompt_tokens),
+        "blocks_matched": done.cached_blocks,
+        "first_unmatched_block": block,
+        "reason": reason,
+        "divergence": None,
+        "load_seconds": round(done.load_s, 6),
+        "prefill_seconds": round(done.prefill_s, 6),
+    }
+    # NOTE: no divergence for block 0: comparing with an unrelated first block says nothing, and
+    # would show text of other requests to a client that knows none of the prompt.
+    if cache is None or not block or reason in _NOTHING_TO_COMPARE:
+        return out
+    found = await run_in_threadpool(cache.divergence, loaded.namespace(tenant), prompt_ids, block)
+    if found is not None:
+        position, sibling = found
+        cached_seq = list(prompt_ids[: block * BLOCK_SIZE]) + sibling
+        span = slice(max(0, position - EXCERPT_TOKENS), position + EXCERPT_TOKENS)
+        decode = loaded.tokenizer.decode
+        out["divergence"] = {
+            "token_position": position,
+            "cached": decode(cached_seq[span]),
+            "prompt": decode(list(prompt_ids)[span]),
+        }
+    return out
+
+
+def explanation_header(explanation: dict[str, Any]) -> str:
+    """The explanation as one header value (compact, ASCII-only JSON)."""
+    return json.dumps(explanation, separators=(",", ":"), ensure_ascii=True)

@@ -1,0 +1,143 @@
+"""Chat messages -> prompt token ids, the one way every route (and the router) renders a chat.
+
+The model's chat template writes the turns; its own markers (``<|im_start|>``, BOS, ...) are the
+only special tokens in the prompt. Text that came from a message is always tokenized as text: a
+user who writes ``<|im_end|>`` gets those characters, never the control token, so no message can
+close its own turn and forge another. This holds for every special token the tokenizer knows.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import TemplateError
+
+from proxy.openai.protocol import ChatMessage, unsupported_content
+
+# NOTE: a mark is Unicode private-use characters around a random nonce and a number: no template
+# filter (trim, upper, ...) changes it, no special token contains it, and no message can forge one
+# (the nonce is new for every rendering).
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+class RenderError(Exception):
+    """The messages cannot be rendered; ``param`` names the offending field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param, self.message = param, message
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The chat template rendered over ``messages`` (dicts with ``role``, ``content`` and, for an
+    assistant's tool calls, ``tool_calls``), as token ids.
+
+    NOTE: the template writes every special token it wants (BOS, role markers), so the tokenizer
+    adds none of its own (``add_special_tokens=False``): no doubled BOS.
+
+    Raises:
+        RenderError: no chat template; tool calls the template cannot render (never dropped);
+            the template rejects the messages.
+    """
+    if not tokenizer.chat_template:
+        raise RenderError("messages", "this model has no chat template; use /v1/completions")
+    hidden: list[str] = []
+    nonce = secrets.token_hex(8)
+    protected = [
+        dict(m) | {"content": _protect(tokenizer, m.get("content"), hidden, nonce)} for m in messages
+    ]
+    for i, message in enumerate(protected):
+        for field in ("tool_calls", "function_call"):
+            if message.get(field) and not supports_tools(tokenizer):
+                raise RenderError(
+                    f"messages[{i}].{field}",
+                    f"this model's chat template cannot render `{field}` (they would be dropped)",
+                )
+    try:
+        text = tokenizer.apply_chat_template(
+            protected,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {}),
+        )
+    except (TemplateError, LookupError, TypeError, ValueError) as exc:  # templates index and raise
+        raise RenderError("messages", f"the chat template rejected the messages: {exc}") from exc
+    ids: list[int] = []
+    for i, piece in enumerate(re.split(f"{_OPEN}{nonce}(\\d+){_CLOSE}", text)):
+        if i % 2 == 0:
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
+        else:
+            as_text = tokenizer(hidden[int(piece)], add_special_tokens=False, split_special_tokens=True)
+            ids += as_text["input_ids"]
+    return ids
+
+
+def render_messages(
+    tokenizer: Any, messages: list[ChatMessage], *, add_generation_prompt: bool = True
+) -> list[int]:
+    """``render_chat`` over request messages, refusing content parts that are not text (which
+    the chat route refuses, so a prompt no request can send is never rendered).
+
+    Raises:
+        RenderError: as ``render_chat``; a message with non-text content parts.
+    """
+    if (unsupported := unsupported_content(messages)) is not None:
+        raise RenderError(*unsupported)
+    rendered = [m.for_template() for m in messages]
+    return render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
+
+
+def supports_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders assistants' tool calls."""
+    template = tokenizer.chat_template
+    return isinstance(template, str) and "tool_calls" in template
+
+
+def _protect(tokenizer: Any, content: Any, hidden: list[str], nonce: str) -> Any:
+    """``content`` (a string or a list of text parts) with every special-token string replaced by
+    a mark (recorded in ``hidden``)."""
+    if isinstance(content, list):
+        return [
+            part | {"text": _protect(tokenizer, part["text"], hidden, nonce)}
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            else part
+            for part in content
+        ]
+    pattern = _specials(tokenizer)
+    if not isinstance(content, str) or pattern is None:
+        return content
+
+    def mark(match: re.Match[str]) -> str:
+        hidden.append(match.group(0))
+        return f"{_OPEN}{nonce}{len(hidden) - 1}{_CLOSE}"
+
+    return pattern.sub(mark, content)
+
+
+def _specials(tokenizer: Any) -> re.Pattern[str] | None:
+    return _special_pattern(tuple(sorted(special_strings(tokenizer), key=len, reverse=True)))
+
+
+@lru_cache(maxsize=16)
+def _special_pattern(strings: tuple[str, ...]) -> re.Pattern[str] | None:
+    return re.compile("|".join(re.escape(s) for s in strings)) if strings else None
+
+
+def special_strings(tokenizer: Any) -> set[str]:
+    """Every string the tokenizer reads as one special token."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return {t.content for t in added.values() if getattr(t, "special", False)} | set(
+        tokenizer.all_special_tokens
+    )

@@ -1,0 +1,152 @@
+"""Running a request on the engine from the event loop: submit it, wait for its prompt to be
+computed (recording metrics and, when asked, an explanation), then collect the whole completion
+or hand its events to the streaming response. A client that goes away cancels its request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from engine.requests import (
+    EngineBusy,
+    Event,
+    Failed,
+    Finished,
+    GenerationRequest,
+    PrefillDone,
+    RequestHandle,
+    TokenDelta,
+)
+from engine.worker import Engine
+from proxy.http.errors import OpenAIError
+from proxy.openai.protocol import usage
+from proxy.serving.explain import EXPLAIN_HEADER, cache_headers, explain
+
+DISCONNECT_POLL_S = 0.2
+
+
+class Running:
+    """A submitted request as the event loop sees it: its events, in order, and cancellation."""
+
+    def __init__(self, engine: Engine, request: GenerationRequest) -> None:
+        loop = asyncio.get_running_loop()
+        self.on_finished: Callable[[Finished], None] | None = None
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.handle: RequestHandle = engine.submit(
+            request, lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)
+        )
+
+    def cancel(self) -> None:
+        """Stop the generation at its next step (a no-op once it is finished)."""
+        self.handle.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self.events.get()
+            if isinstance(event, Finished) and self.on_finished is not None:
+                self.on_finished(event)
+            yield event
+            if isinstance(event, Finished | Failed):
+                return
+
+
+@dataclass
+class Started:
+    """A request whose prompt is computed: the running request, the prefill outcome, the cache
+    headers every response carries, and the explanation when the client asked for one."""
+
+    running: Running
+    done: PrefillDone
+    headers: dict[str, str]
+    explanation: dict[str, Any] | None
+
+
+@dataclass
+class Completion:
+    """A finished non-streaming completion."""
+
+    text: str = ""
+    finish_reason: str = "stop"
+    tokens: list[TokenDelta] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    finished: Finished | None = None
+
+
+def submit(engine: Engine, generation: GenerationRequest) -> Running:
+    """Queue a request, or answer 503 with Retry-After when the engine is saturated."""
+    try:
+        return Running(engine, generation)
+    except EngineBusy:
+        raise OpenAIError(
+            503,
+            "the server is busy; retry shortly",
+            type="server_error",
+            code="overloaded",
+            headers={"Retry-After": "1"},
+        ) from None
+
+
+async def start(request: Request, engine: Engine, generation: GenerationRequest) -> Started:
+    """Submit a request and wait until its prompt is computed; record its metrics.
+
+    A client that goes away meanwhile cancels the request.
+
+    Raises:
+        OpenAIError: 503 when the engine's queue is full; 499 when the client left.
+    """
+    running = submit(engine, generation)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, running))
+    try:
+        event = await running.events.get()
+    finally:
+        watcher.cancel()
+    if isinstance(event, Failed):
+        raise event.error
+    if not isinstance(event, PrefillDone):  # cancelled before its prompt was computed
+        raise OpenAIError(499, "the client closed the request", code="client_closed_request")
+    app = request.app.state
+    namespace = engine.loaded.namespace(generation.tenant)
+    arrived = request.scope["state"]["started"]
+    ttft = app.metrics.observe(namespace.hex(), event, arrived)
+    running.on_finished = lambda finished: app.metrics.finished(finished, arrived, ttft)
+    explanation = None
+    if request.headers.get(EXPLAIN_HEADER) == "1":
+        explanation = await explain(engine.loaded, app.cache, generation.tenant, generation.prompt_ids, event)
+    return Started(running, event, cache_headers(event), explanation)
+
+
+async def complete(started: Started, request: Request) -> Completion:
+    """Wait for the whole completion; a client that goes away cancels the generation."""
+    running, done = started.running, started.done
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, running))
+    result = Completion()
+    parts: list[str] = []
+    try:
+        async for event in running:
+            if isinstance(event, TokenDelta):
+                parts.append(event.text)
+                result.tokens.append(event)
+            elif isinstance(event, Finished):
+                parts.append(event.text)
+                result.text, result.finish_reason, result.finished = (
+                    "".join(parts),
+                    event.finish_reason,
+                    event,
+                )
+                result.usage = usage(done.prompt_tokens, event.completion_tokens, done.cached_tokens)
+            elif isinstance(event, Failed):
+                raise event.error
+    finally:
+        watcher.cancel()
+        running.cancel()  # no-op when finished; stops the worker if this task was cancelled
+    return result
+
+
+async def _cancel_on_disconnect(request: Request, running: Running) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    running.cancel()

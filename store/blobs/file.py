@@ -1,0 +1,156 @@
+"""The file backend of the blob store (``file://``): one safetensors file per block on a local or
+shared filesystem.
+
+Path: ``{root}/{namespace_hex}/{hash_hex[:2]}/{hash_hex}.safetensors`` (``store.blobs.base``).
+Writes go to a temporary file in the same directory, are fsynced, then hard-linked into place,
+so a reader (in this or another process) sees either no file or a complete one, and a blob once
+placed is never modified: a second writer of the same block keeps the first file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from hashing import BlockHash, Namespace
+from store.blobs.base import BlobInfo, blob_name, parse_blob_name
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    # O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer.
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
+class FileBlobStore:
+    """Files of blocks under ``root`` (a ``store.blobs.base.BlobBackend``); safe to share between
+    processes (also over NFS-style shared volumes: only create-if-absent links, reads and deletes
+    are used)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.url = self.root.absolute().as_uri()
+
+    def name(self, namespace: Namespace, block_hash: BlockHash) -> str:
+        """Where a block's blob lives, relative to ``root`` (what the index records)."""
+        return blob_name(namespace, block_hash)
+
+    def path(self, namespace: Namespace, block_hash: BlockHash) -> Path:
+        """The file of a block's blob."""
+        return self.root / self.name(namespace, block_hash)
+
+    def write(self, namespace: Namespace, block_hash: BlockHash, data: bytes) -> bool:
+        """Atomically place ``data`` as the block's blob unless one is already there.
+
+        Returns:
+            False when a blob already existed (it is left untouched).
+
+        Raises:
+            OSError: the directory is not writable, the disk is full, ...; no partial file is left.
+        """
+        path = self.path(namespace, block_hash)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
+        try:
+            for attempt in (1, 2):  # the garbage collector may remove an empty directory meanwhile
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+            # NOTE: link() fails if the target exists, unlike rename(): two processes saving the
+            # same block can never swap a file under a reader or change bytes already indexed.
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            # NOTE: a fresh mtime tells the garbage collector the blob is wanted again.
+            os.utime(path)
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def read(self, namespace: Namespace, block_hash: BlockHash) -> bytes:
+        """The bytes of a block's blob.
+
+        NOTE: only a regular file is read: a FIFO or device put in a blob's place would block the
+        engine forever, a directory would never heal.
+
+        Raises:
+            OSError: the blob is missing, unreadable or not a regular file.
+        """
+        path = self.path(namespace, block_hash)
+        with open(path, "rb", opener=_open_nonblocking) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
+            return f.read()
+
+    def exists(self, namespace: Namespace, block_hash: BlockHash) -> bool:
+        """Whether something stands where the block's blob belongs."""
+        return self.path(namespace, block_hash).exists()
+
+    def size(self, namespace: Namespace, block_hash: BlockHash) -> int | None:
+        """Bytes of the block's blob, or None when there is none."""
+        try:
+            return self.path(namespace, block_hash).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def delete(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        """Remove a block's blob (whatever stands in its place); a missing one is not an error."""
+        self._remove(self.path(namespace, block_hash))
+
+    def scan(self, namespace_hex: str | None = None) -> Iterator[BlobInfo]:
+        """Every blob and temporary file under the root, or under one namespace (a file vanishing
+        meanwhile is skipped)."""
+        now = time.time()
+        for path in self.root.glob(f"{namespace_hex or '*'}/*/*"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            name = path.relative_to(self.root).as_posix()
+            parsed = parse_blob_name(name)
+            if parsed is not None:
+                block_hash: BlockHash | None = parsed[1]
+            elif path.name.endswith(TEMP_SUFFIX):
+                block_hash = None
+            else:
+                continue  # not a name we write
+            yield BlobInfo(name, path.parent.parent.name, block_hash, now - st.st_mtime, st.st_size)
+
+    def remove(self, blob: BlobInfo) -> None:
+        """Remove what ``scan`` found."""
+        self._remove(self.root / blob.name)
+
+    def check(self) -> None:
+        """Nothing to reach: the directory is made on the first write."""
+
+    def used_bytes(self) -> int:
+        """Bytes of every object under the root."""
+        return sum(f.size for f in self.scan())
+
+    def _remove(self, path: Path) -> None:
+        """Remove a file (or whatever stands in its place), then the directories it leaves empty
+        (never the root; a writer that loses its directory meanwhile makes it again)."""
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        for directory in (path.parent, path.parent.parent):
+            if directory == self.root:
+                break
+            try:
+                directory.rmdir()
+            except OSError:
+                break  # not empty, or gone

@@ -1,0 +1,181 @@
+"""What the cache's facade needs of its metadata parts: the block index, the shared counters and
+the hot prefixes kept beside it.
+
+``store.index.redis`` implements them on Redis (raising ``redis.RedisError`` for a fault, which
+the facade's guard turns into a miss) and ``store.index.memory`` in this process (``memory://``,
+and the tests' double of Redis, so a store story runs with no Redis at all). Each index hands out
+the counters and hot prefixes kept beside it (``shared_counters``, ``hot_prefixes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from hashing import BlockHash, Namespace
+from store.entries import IndexEntry
+
+BUCKET_S = 10
+"""Seconds per bucket of tokens queried and hit (hit-rate windows and timelines are sums of them)."""
+KEEP_S = 3700
+"""Seconds a bucket is kept: an hour, and a little more."""
+HOT_KEEP = 100
+"""Hot prefixes kept per namespace (the least valuable go first)."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """Tokens queried and hit during a window; ``hit_rate`` is None when nothing was queried."""
+
+    queried: int
+    hit: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hit / self.queried if self.queried else None
+
+
+class Counters(Protocol):
+    """Deployment-wide counters, summed over every process sharing them; ``scope`` None is the
+    deployment, else a namespace's hex digest."""
+
+    def add(self, namespace_hex: str | None, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the deployment's totals and to ``namespace_hex``'s; ``prompt_tokens``
+        and ``cached_tokens`` also go to the current 10-second bucket."""
+        ...
+
+    def totals(self, scope: str | None = None) -> dict[str, int]: ...
+
+    def buckets(self, scope: str | None, seconds: int) -> Sequence[tuple[int, Window]]:
+        """``(bucket start in Unix seconds, window)`` for each bucket of the last ``seconds``."""
+        ...
+
+    def window(self, scope: str | None, seconds: int) -> Window: ...
+
+
+class Publication(NamedTuple):
+    """One block to index (``BlockIndex.publish``).
+
+    Attributes:
+        block_hash, parent: the block's hash and its parent's (None for block 0).
+        position: the block's index in its chain (deeper blocks are evicted first).
+        entry: what the index records (the blob's name, bytes, parent, creation time).
+        ttl_s: seconds the entry stays without a hit.
+        used_at: Unix time (seconds) of the request that computed the block (its LRU position).
+    """
+
+    block_hash: BlockHash
+    parent: BlockHash | None
+    position: int
+    entry: IndexEntry
+    ttl_s: int
+    used_at: float
+
+
+class BlockIndex(Protocol):
+    """The index of blocks: an entry per block with a TTL, LRU order, sizes and their total.
+
+    Contract (each method is atomic with respect to other processes sharing the index):
+    - ``match`` never writes an entry; it refreshes the TTL (never shortening it) and LRU position
+      of the entries it returns, which lead the chain and stop at the first missing one.
+    - ``publish`` is create-only: a second publish of one block changes nothing.
+    - ``missing`` and ``publish`` take a batch: one round trip however many blocks.
+    - ``evict`` removes least recently used entries (the tail of a chain before its head) until
+      at most ``max_bytes`` are accounted; evicting nothing is a no-op. It returns the members
+      removed, whose blobs the caller deletes; so do ``reclaim`` and ``drop``.
+    """
+
+    key_prefix: str
+
+    def match(
+        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
+    ) -> tuple[list[IndexEntry], bool]:
+        """Entries of the leading blocks present (each one's TTL refreshed to at least its own
+        ``ttls[i]`` seconds), and whether the first missing one was stored once (it expired or
+        was evicted) rather than never seen."""
+        ...
+
+    def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]: ...
+
+    def publish(self, namespace: Namespace, blocks: Sequence[Publication]) -> int:
+        """Index blocks whose blobs are complete, in the given order (one round trip, each block
+        atomically); returns the bytes accounted now, over every namespace."""
+        ...
+
+    def evict(self, max_bytes: int) -> list[str]: ...
+
+    def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
+        """Forget members whose entry is gone (all given, with ``force``)."""
+        ...
+
+    def drop(self, namespace: Namespace, block_hash: BlockHash) -> None: ...
+
+    def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
+        """Every accounted member (of every namespace, or of one), in batches."""
+        ...
+
+    def entries(self, members: Sequence[str]) -> list[IndexEntry | None]: ...
+
+    def known(self, members: Sequence[str]) -> list[bool]:
+        """Whether each member is accounted (has a size record), entry expired or not."""
+        ...
+
+    def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
+        """Blocks stored under ``parent`` (None: first blocks) whose entry still exists."""
+        ...
+
+    def total_bytes(self) -> int: ...
+
+    def num_blocks(self) -> int: ...
+
+    def ping(self) -> None: ...
+
+    def shared_counters(self) -> Counters:
+        """The deployment-wide counters kept beside this index."""
+        ...
+
+    def hot_prefixes(self) -> HotPrefixes:
+        """The hot prefixes kept beside this index."""
+        ...
+
+
+@dataclass(frozen=True)
+class HotPrefix:
+    """One cached prefix and what it saved.
+
+    Attributes:
+        root: hash of its block 0 (whose blob holds its first 128 token ids).
+        blocks: its length in blocks.
+        hits: counted lookups whose deepest matched block was its last one.
+        tokens_saved: prompt tokens those hits reused.
+        ttl_s: seconds its last block stays cached unless hit again (None: no expiry).
+        block_bytes: bytes of its last block's blob.
+    """
+
+    namespace: Namespace
+    root: BlockHash
+    blocks: int
+    hits: int
+    tokens_saved: int
+    ttl_s: int | None
+    block_bytes: int
+
+
+class HotPrefixes(Protocol):
+    """Where hot prefixes are counted. Each method may raise the backend's fault (``redis.RedisError``)."""
+
+    def record(
+        self, namespace: Namespace, root: BlockHash, deepest: BlockHash, blocks: int, tokens: int
+    ) -> None:
+        """Count one hit that reused ``tokens`` tokens of the ``blocks`` blocks ending at
+        ``deepest`` (block 0: ``root``)."""
+        ...
+
+    def top(self, namespace: Namespace | None, n: int) -> list[HotPrefix]:
+        """The ``n`` prefixes still cached that saved the most tokens, of one namespace or all."""
+        ...
+
+    def namespaces(self) -> list[str]:
+        """Hex of every namespace that stored a block (the index's set)."""
+        ...

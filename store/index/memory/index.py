@@ -1,0 +1,162 @@
+"""The index in this process's memory (``--redis-url memory://``): the contract of
+``store.index.base.BlockIndex`` without Redis, for a single process (nothing is shared with other
+processes, and a restart forgets the index; the blobs stay and the garbage collector reclaims
+them). Tests use it as the in-memory double of Redis, with a clock they control.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from hashing import BlockHash, Namespace
+from store.entries import IndexEntry, member_name, parse_member
+from store.index.base import Publication
+from store.index.memory.counters import MemoryCounters
+from store.index.memory.hot import MemoryHotPrefixes
+
+T = TypeVar("T")
+
+MEMORY_URL = "memory://"
+"""``--redis-url memory://``: the index in this process (this module), for one process alone."""
+
+
+def _locked(method: Callable[..., T]) -> Callable[..., T]:
+    """Run ``method`` under the index's lock."""
+
+    @functools.wraps(method)
+    def locked(self: MemoryIndex, *args: Any, **kwargs: Any) -> T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+class MemoryIndex:
+    """``store.index.base.BlockIndex`` in memory, with TTLs on ``clock`` (thread-safe: one lock makes
+    each method atomic, as a Lua script is in Redis)."""
+
+    key_prefix = "memory:"
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.entries_: dict[str, tuple[IndexEntry, float]] = {}  # member -> (entry, expires at)
+        self.lru: dict[str, float] = {}  # member -> score (older first out)
+        self.sizes: dict[str, int] = {}
+        self.seen: set[str] = set()
+        self.parents: dict[str, str] = {}  # member -> parent member ("" for block 0)
+        self.counters = MemoryCounters(clock)
+        self.hot = MemoryHotPrefixes(self)
+        self._lock = threading.RLock()
+
+    @_locked
+    def lease(self, member: str) -> tuple[IndexEntry, float] | None:
+        """``member``'s entry and the seconds it has left, or None when it is gone."""
+        entry = self._entry(member)
+        return None if entry is None else (entry, self.entries_[member][1] - self.clock())
+
+    def _entry(self, member: str) -> IndexEntry | None:
+        found = self.entries_.get(member)
+        if found is None or found[1] <= self.clock():
+            self.entries_.pop(member, None)
+            return None
+        return found[0]
+
+    @_locked
+    def match(
+        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
+    ) -> tuple[list[IndexEntry], bool]:
+        out: list[IndexEntry] = []
+        for i, h in enumerate(hashes):
+            member = member_name(namespace, h)
+            entry = self._entry(member)
+            if entry is None:
+                return out, member in self.seen
+            expires = max(self.entries_[member][1], self.clock() + ttls[i])
+            self.entries_[member] = (entry, expires)
+            self.lru[member] = self.clock() - i * 1e-6
+            out.append(entry)
+        return out, False
+
+    @_locked
+    def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
+        return [self._entry(member_name(namespace, h)) is None for h in hashes]
+
+    @_locked
+    def publish(self, namespace: Namespace, blocks: Sequence[Publication]) -> int:
+        for b in blocks:
+            member = member_name(namespace, b.block_hash)
+            if self._entry(member) is None:
+                self.entries_[member] = (b.entry, self.clock() + b.ttl_s)
+                self.lru[member] = b.used_at - b.position * 1e-6
+                self.sizes.setdefault(member, b.entry.size)
+                self.seen.add(member)
+                self.parents[member] = member_name(namespace, b.parent) if b.parent is not None else ""
+        return self.total_bytes()
+
+    @_locked
+    def evict(self, max_bytes: int) -> list[str]:
+        evicted = []
+        while self.total_bytes() > max_bytes and self.lru:
+            member = min(self.lru, key=self.lru.__getitem__)
+            self._forget(member)
+            evicted.append(member)
+        return evicted
+
+    @_locked
+    def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
+        removed = [m for m in members if force or self._entry(m) is None]
+        for member in removed:
+            self._forget(member)
+        return removed
+
+    def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
+        self.reclaim([member_name(namespace, block_hash)], force=True)
+
+    def _forget(self, member: str) -> None:
+        self.entries_.pop(member, None)
+        self.lru.pop(member, None)
+        self.sizes.pop(member, None)
+
+    def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
+        with self._lock:
+            members = [m for m in self.lru if namespace is None or m.startswith(f"{namespace.hex()}:")]
+        for start in range(0, len(members), batch):
+            yield members[start : start + batch]
+
+    @_locked
+    def entries(self, members: Sequence[str]) -> list[IndexEntry | None]:
+        return [self._entry(m) for m in members]
+
+    @_locked
+    def known(self, members: Sequence[str]) -> list[bool]:
+        return [m in self.sizes for m in members]
+
+    @_locked
+    def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
+        want = member_name(namespace, parent) if parent is not None else ""
+        return [
+            parse_member(m)[1]
+            for m, p in self.parents.items()
+            if p == want and parse_member(m)[0] == namespace and self._entry(m) is not None
+        ]
+
+    @_locked
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    @_locked
+    def num_blocks(self) -> int:
+        return len(self.lru)
+
+    def ping(self) -> None:
+        return None
+
+    def shared_counters(self) -> MemoryCounters:
+        return self.counters
+
+    def hot_prefixes(self) -> MemoryHotPrefixes:
+        return self.hot

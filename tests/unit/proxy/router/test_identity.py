@@ -1,0 +1,57 @@
+"""proxy/router/identity.py and hashing/route.py: what the router hashes, without a tokenizer.
+
+Text hashing: the prompt's canonical JSON in 512-byte blocks, so the next turn (this turn plus the
+reply) starts with this turn's blocks; the route namespace separates tenants, models and kinds of
+hashing, and never meets a K/V namespace."""
+
+from __future__ import annotations
+
+from hashing import BLOCK_SIZE, TEXT_BLOCK_BYTES, NamespaceIdentity, block_hashes, route_namespace
+from proxy.router.identity import Identity
+
+SYSTEM = {"role": "system", "content": "You are terse. " * 200}  # about 3,000 bytes: several blocks
+
+
+def chat(*messages: dict[str, str], **extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": list(messages), **extra}
+
+
+def test_text_blocks_of_a_turn_start_the_next_turn() -> None:
+    """Turn 2's key starts with the hashes turn 1 predicted it would (prompt + reply)."""
+    identity = Identity(None)
+    turn1 = chat(SYSTEM, {"role": "user", "content": "hi"})
+    key1 = identity.prompt("chat", turn1, "t")
+    predicted = identity.reply_hashes("chat", turn1, key1, "hello")
+    turn2 = chat(SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"})
+    key2 = identity.prompt("chat", turn2, "t")
+    assert key1.block_size == TEXT_BLOCK_BYTES and len(key1.hashes) >= 5
+    assert key2.hashes[: len(predicted)] == predicted and len(predicted) >= len(key1.hashes)
+    assert key1.prompt_tokens == len(key1.units) // 4 and key1.tokens_per_block == BLOCK_SIZE
+
+
+def test_key_order_and_whitespace_do_not_matter_but_tools_do() -> None:
+    """Canonical JSON: the same message in another key order hashes alike; tools change the text."""
+    identity = Identity(None)
+    a = identity.prompt("chat", chat({"role": "user", "content": "x" * 600}), "t")
+    b = identity.prompt("chat", {"messages": [{"content": "x" * 600, "role": "user"}], "model": "m"}, "t")
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    c = identity.prompt("chat", chat({"role": "user", "content": "x" * 600}, tools=tools), "t")
+    assert a.hashes == b.hashes and a.hashes[0] != c.hashes[0]
+
+
+def test_token_id_prompts_are_used_as_they_are() -> None:
+    """A completions prompt of token ids is hashed as ids in 128-token blocks."""
+    key = Identity(None).prompt("completions", {"model": "m", "prompt": list(range(300))}, "t")
+    ns = route_namespace(model="m", tokenizer="ids", tenant="t", block_size=BLOCK_SIZE)
+    assert key.hashes == block_hashes(list(range(300)), ns) and key.prompt_tokens == 300
+
+
+def test_route_namespaces_separate_tenants_models_and_hashing() -> None:
+    """Every field of the route namespace matters, and no route namespace equals a K/V one."""
+    base = {"model": "m", "tokenizer": "text", "tenant": "t", "block_size": 512}
+    spaces = {route_namespace(**base)}
+    for name, value in (("model", "n"), ("tokenizer", "ids"), ("tenant", "u"), ("block_size", 128)):
+        spaces.add(route_namespace(**(base | {name: value})))
+    assert len(spaces) == 5
+    kv = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
+    assert kv not in spaces

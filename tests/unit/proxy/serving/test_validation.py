@@ -1,0 +1,57 @@
+"""proxy/validation.py and proxy/protocol.py: what a body may ask, and the TTL it gets."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from proxy.config import Settings
+from proxy.openai.protocol import ChatCompletionRequest, CompletionRequest, usage
+from proxy.serving.validation import cache_ttl
+
+
+def test_retention_is_the_server_ttl_or_a_day_capped_by_max_ttl() -> None:
+    settings = Settings(ttl=600, max_ttl=3600)
+    assert cache_ttl(settings, None) == cache_ttl(settings, "in_memory") == 600
+    assert cache_ttl(settings, "24h") == 3600
+    assert cache_ttl(Settings(ttl=600, max_ttl=10**6), "24h") == 86_400
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_what_the_server_cannot_honour_is_named(body, param) -> None:
+    request = ChatCompletionRequest(
+        **({"model": "m", "messages": [{"role": "user", "content": "hi"}]} | body)
+    )
+    assert request.unsupported_field()[0] == param  # type: ignore[index]
+
+
+def test_completions_refuse_suffix_best_of_and_echo_with_logprobs() -> None:
+    for body, param in (
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+    ):
+        assert CompletionRequest(model="m", prompt="p", **body).unsupported_field()[0] == param  # type: ignore[index]
+
+
+def test_strict_types_and_logit_bias_keys() -> None:
+    with pytest.raises(ValidationError):
+        CompletionRequest(model="m", prompt="p", max_tokens="5")
+    request = CompletionRequest(model="m", prompt="p", logit_bias={"7": 5.0})
+    assert request.token_bias(100) == {7: 5.0}
+    with pytest.raises(ValueError, match="not a token id"):
+        CompletionRequest(model="m", prompt="p", logit_bias={"x": 1.0}).token_bias(100)
+
+
+def test_usage_always_carries_cached_tokens() -> None:
+    assert usage(300, 5, 0)["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert usage(300, 5, 256)["total_tokens"] == 305
