@@ -12,6 +12,11 @@ meanwhile waits for that one chunk at most), then feeds the hit's tokens and com
   two tokens within the tolerance (a near-tie).
 
 A mismatch removes the hit's blocks from the cache (``PrefixCache.forget``) and logs their hashes.
+
+Imported blocks (``--audit-imports``) are audited before they are ever served: the auditor
+prefills each imported chain's tokens cold, in the same idle steps, and hands its own K/V to the
+cache (``PrefixCache.settle``), which serves the imported blocks that equal it within the
+format's tolerance and removes the others.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.decoding import Decoder
 from engine.forward import prefill_chunks
-from engine.kv import BufferPool, past_from_blocks
+from engine.kv import BufferPool, blocks_from_past, past_from_blocks
 from engine.model.loading import LoadedModel
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
 from store.interface import PrefixCache
@@ -115,6 +120,7 @@ class Auditor:
         self.listeners: list[Callable[[AuditResult], object]] = []
         self.dropped = 0
         self._pending: deque[AuditCapture] = deque()
+        self._imports: deque[tuple[Namespace, tuple[int, ...]]] = deque()  # chains, from any thread
         self._current: Iterator[None] | None = None
         self._random = random.Random()
 
@@ -126,6 +132,11 @@ class Auditor:
             return None
         return AuditCapture(namespace, prompt_ids, cached_blocks, logits.detach().float().cpu().clone())
 
+    def submit_import(self, namespace: Namespace, token_ids: Sequence[int]) -> None:
+        """Queue an imported chain (its full blocks' token ids, from block 0) for its audit; safe
+        from any thread (a deque's append is atomic)."""
+        self._imports.append((namespace, tuple(token_ids[: len(token_ids) // BLOCK_SIZE * BLOCK_SIZE])))
+
     def submit(self, capture: AuditCapture) -> None:
         """Queue a finished capture for idle time (dropped and counted beyond ``MAX_PENDING``)."""
         if len(self._pending) >= MAX_PENDING:
@@ -136,14 +147,17 @@ class Auditor:
     @property
     def pending(self) -> int:
         """Captures waiting or being audited."""
-        return len(self._pending) + (self._current is not None)
+        return len(self._pending) + len(self._imports) + (self._current is not None)
 
     def step(self) -> None:
         """One idle step: the next chunk of the audit under way (starting the next one)."""
         if self._current is None:
-            if not self._pending:
+            if self._imports:
+                self._current = self._settle(*self._imports.popleft())
+            elif self._pending:
+                self._current = self._audit(self._pending.popleft())
+            else:
                 return
-            self._current = self._audit(self._pending.popleft())
         try:
             next(self._current)
         except StopIteration:
@@ -169,6 +183,22 @@ class Auditor:
         finally:
             self.buffers.release(buffers)
         self._report(capture, cold)
+
+    @torch.inference_mode()
+    def _settle(self, namespace: Namespace, token_ids: tuple[int, ...]) -> Iterator[None]:
+        """Prefill an imported chain cold, chunk by chunk, and hand its K/V to the cache."""
+        if self.cache is None or not token_ids:
+            return
+        buffers = self.buffers.acquire(len(token_ids))
+        try:
+            past = past_from_blocks([], 0, buffers)
+            for _ in prefill_chunks(self.loaded.model, token_ids, past, 0, AUDIT_CHUNK_TOKENS):
+                yield
+            key, value = blocks_from_past(past, 0, len(token_ids) // BLOCK_SIZE)
+        finally:
+            self.buffers.release(buffers)
+        tolerance = RELATIVE_TOLERANCE.get(self.loaded.kv_spec.dtype, 2e-2)
+        self.cache.settle(namespace, token_ids, key, value, tolerance)
 
     def _report(self, capture: AuditCapture, cold: list[torch.Tensor]) -> None:
         tolerance = RELATIVE_TOLERANCE.get(self.loaded.kv_spec.dtype, 2e-2) * float(cold[0].abs().max())

@@ -73,6 +73,11 @@ class Scheduler:
             self._busy_at = time.monotonic()
             self._changed.notify()
 
+    def wake(self) -> None:
+        """Background work arrived from another thread: let a waiting ``next_step`` look again."""
+        with self._changed:
+            self._changed.notify()
+
     def loaded(self, seq: Sequence) -> None:
         """The lookup stage of ``seq`` is over: it joins the prefills."""
         with self._changed:

@@ -33,6 +33,7 @@ from engine.sampling import Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.text import TextStream
+from hashing import Namespace
 from store.interface import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,13 @@ class Engine:
         """Wait (at most ``timeout_s`` seconds) until the blocks handed to the cache are stored;
         True when they all are (or there is no cache)."""
         return self.cache is None or self.cache.flush(timeout_s)
+
+    def audit_imports(self, namespace: Namespace, chains: list[list[int]]) -> None:
+        """Recompute imported chains (token ids from block 0) in idle time and have the cache serve
+        their imported blocks only once they match (``engine.audit``)."""
+        for token_ids in chains:
+            self.auditor.submit_import(namespace, token_ids)
+        self.scheduler.wake()
 
     def on_audit(self, listener: Callable[[AuditResult], object]) -> None:
         """Call ``listener`` with every audit result (on the model thread; it must not block)."""

@@ -26,6 +26,7 @@ from proxy.observe.metrics import Metrics, RequestMetrics
 from proxy.observe.usage import UsageHistory
 from proxy.openai import chat, completions, models, tokenize
 from proxy.stores import open_cache
+from store.index.redis.connect import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         if admin is not None:
             app.state.usage.start()
         log.info(
-            "serving %s (cache %s)", model.name, "off" if block_cache is None else settings.blob_location
+            "serving %s (cache %s)",
+            model.name,
+            "off" if block_cache is None else redact_url(settings.blob_location),
         )
         yield
         app.state.usage.stop()

@@ -17,21 +17,22 @@ import httpx
 from rich.progress import Progress
 
 from proxy.config import Settings
-from proxy.flags import load_settings
+from proxy.flags import load_settings, option
 from store.errors import StoreUnavailable
+from store.index.redis.connect import redact_url
 
 TIMEOUT_S = 600.0
 
 
 def server_options(func: Any) -> Any:
     """``--base-url`` and ``--api-key``."""
-    func = click.option(
+    func = option(
         "--api-key",
         envvar="KVPROXY_API_KEY",
         default=None,
         help="API key (the tenant's; the admin key for export and import) [env KVPROXY_API_KEY]",
     )(func)
-    return click.option(
+    return option(
         "--base-url",
         default="http://127.0.0.1:8000/v1",
         show_default=True,
@@ -111,16 +112,14 @@ def prewarm(file: Path, base_url: str, api_key: str | None) -> None:
 
 
 @click.command("export")
-@click.option(
+@option(
     "--prompts",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="JSON lines of prompts (prewarm bodies) whose cached blocks to export.",
 )
 @click.option("--all", "everything", is_flag=True, help="Export every cached block of the tenant.")
-@click.option("--tenant", default="default", show_default=True, help="Whose cache (a tenant name).")
-@click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Archive to write."
-)
+@option("--tenant", default="default", show_default=True, help="Whose cache (a tenant name).")
+@option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Archive to write.")
 @server_options
 def export(
     prompts: Path | None, everything: bool, tenant: str, out: Path, base_url: str, api_key: str | None
@@ -188,7 +187,7 @@ def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for name in reversed(("redis_url", "key_prefix", "blob_dir", "blob_url", "cache_dir", "redis_timeout")):
         field = Settings.model_fields[name]
         help_text = f"{field.description} [env KVPROXY_{name.upper()}]"
-        func = click.option("--" + name.replace("_", "-"), name, default=None, help=help_text)(func)
+        func = option("--" + name.replace("_", "-"), name, help=help_text)(func)
     return func
 
 
@@ -200,7 +199,7 @@ def open_admin(**flags: Any) -> Any:
     settings = load_settings(**flags)
     admin = open_store_admin(settings)
     if admin.health() != "ok":
-        fail(f"Redis at {settings.redis_url} is unreachable; set --redis-url")
+        fail(f"Redis at {redact_url(settings.redis_url)} is unreachable; set --redis-url")
     return admin
 
 
@@ -216,9 +215,7 @@ def cache_stats(**flags: Any) -> None:
 
 @cache.command("gc")
 @cache_options
-@click.option(
-    "--grace", type=float, default=60.0, show_default=True, help="Seconds an unindexed blob is kept."
-)
+@option("--grace", type=float, default=60.0, show_default=True, help="Seconds an unindexed blob is kept.")
 def cache_gc(grace: float, **flags: Any) -> None:
     """Reconcile index and blob store: reclaim expired, orphaned and unindexed blocks."""
     found = open_admin(**flags).gc(grace)
@@ -229,7 +226,7 @@ def cache_gc(grace: float, **flags: Any) -> None:
 
 @cache.command("clear")
 @cache_options
-@click.option("--namespace", default=None, help="Only this namespace (32 hex digits).")
+@option("--namespace", default=None, help="Only this namespace (32 hex digits).")
 def cache_clear(namespace: str | None, **flags: Any) -> None:
     """Remove every cached block, or one namespace's."""
     if namespace is not None and not re.fullmatch(r"[0-9a-f]{32}", namespace):

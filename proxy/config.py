@@ -13,7 +13,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.router.policy import Policy
-from store.index.redis.connect import SCHEMES, check_url
+from store.index.redis.connect import SCHEMES, check_url, redact_url
 
 _UNITS = {
     "": 1,
@@ -64,7 +64,17 @@ class ServerSettings(BaseSettings):
         "(Redis >= 7); memory:// keeps it in this process (one process alone, forgotten at restart).",
     )
     key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
-    admin_key: str | None = Field(None, description="Bearer key required by the cache admin routes.")
+    admin_key: str | None = Field(
+        None,
+        description="Bearer key of the operator: the /v1/cache/* admin routes (and, once any key is "
+        "set, /metrics) need it; the key itself or a file holding it.",
+    )
+    allow_anonymous_admin: bool = Field(
+        False,
+        description="Serve the /v1/cache/* admin routes (export, import, clear, gc, stats) to clients "
+        "without a key when neither --admin-key nor --api-keys is set: only on a trusted, single-user "
+        "machine (an import writes K/V every tenant is served).",
+    )
     api_keys: str | None = Field(
         None,
         description="Require Bearer keys on /v1: comma-separated `key` or `key=tenant`, or a file of "
@@ -83,6 +93,14 @@ class ServerSettings(BaseSettings):
     redis_retry: float = Field(
         5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
     )
+
+    @field_validator("admin_key")
+    @classmethod
+    def _key_or_file(cls, value: str | None) -> str | None:
+        """The key, read from the file it names when it names one; an empty key is no key."""
+        if value is not None and Path(value).expanduser().is_file():
+            value = Path(value).expanduser().read_text().strip()
+        return value or None
 
     @field_validator("redis_url")
     @classmethod
@@ -145,6 +163,14 @@ class Settings(ServerSettings):
         le=1,
         description="Fraction of cache hits recomputed cold in idle time to check them (0: off).",
     )
+    audit_imports: bool = Field(
+        False,
+        description="Serve an imported snapshot's blocks only once the model, in idle time, has "
+        "recomputed them and found them equal (an import is a trust decision).",
+    )
+    max_import_bytes: Bytes = Field(
+        16 * 1024**3, gt=0, description="Largest snapshot archive POST /v1/cache/import takes (then: 413)."
+    )
     ram_cache_bytes: Bytes = Field(
         1024**3, ge=0, description="Byte budget of the in-process RAM tier of hot blocks (0: none)."
     )
@@ -167,7 +193,8 @@ class Settings(ServerSettings):
         if not (url.scheme == "s3" and url.netloc) and not (
             url.scheme == "file" and url.path and not url.netloc
         ):
-            raise ValueError(f"--blob-url {self.blob_url!r} is neither file:///path nor s3://bucket/prefix")
+            shown = redact_url(self.blob_url)
+            raise ValueError(f"--blob-url {shown!r} is neither file:///path nor s3://bucket/prefix")
         return self
 
     @property
@@ -233,7 +260,9 @@ class RouteSettings(ServerSettings):
             raise ValueError("give at least one replica's OpenAI base URL (http://host:port/v1)")
         for url in urls:
             if not re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1", url):
-                raise ValueError(f"{url!r} is not an OpenAI base URL: http(s)://host:port[/path]/v1")
+                raise ValueError(
+                    f"{redact_url(url)!r} is not an OpenAI base URL: http(s)://host:port[/path]/v1"
+                )
         return upstream
 
     @property

@@ -12,6 +12,8 @@ from pydantic import BeforeValidator, ValidationError
 from proxy.config import RouteSettings, ServerSettings, Settings
 
 S = TypeVar("S", bound=ServerSettings)
+LISTS = frozenset({"upstream", "api_keys", "served_model_name"})
+"""Settings holding comma-separated lists: a flag given twice adds to the list."""
 
 
 def settings_options(func: Callable[..., Any], fields: type[ServerSettings] = Settings) -> Callable[..., Any]:
@@ -33,8 +35,28 @@ def settings_options(func: Callable[..., Any], fields: type[ServerSettings] = Se
             kind = click.STRING if parsed else kinds.get(field.annotation, click.STRING)
             if get_origin(field.annotation) is Literal:
                 kind = click.Choice(get_args(field.annotation))
-            func = click.option(flag, name, type=kind, default=None, help=help_text)(func)
+            func = option(flag, name, type=kind, help=help_text)(func)
     return func
+
+
+def option(*decls: str, **attrs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``click.option`` for a flag that takes a value and may be given once (``given_once``)."""
+    default = attrs.pop("default", None)
+    defaults = () if default is None else (default,)
+    return click.option(*decls, multiple=True, default=defaults, callback=given_once, **attrs)
+
+
+def given_once(_ctx: click.Context, param: click.Parameter, given: tuple[Any, ...]) -> Any:
+    """A flag's value (None when absent). Given several times: one comma-separated list for the
+    settings in ``LISTS``, else a usage error; a repeated flag is never silently dropped."""
+    if not given:
+        return None
+    if len(given) == 1:
+        return given[0]
+    if param.name in LISTS:
+        return ",".join(str(v) for v in given)
+    # NOTE: the values are not repeated back: a flag may hold a key or a password
+    raise click.BadParameter(f"given {len(given)} times; give it once", param=param)
 
 
 def route_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -18,6 +18,7 @@ from store.admin import StoreAdmin
 from store.blobs.base import BlobBackend
 from store.cache import BlockCache
 from store.index.base import BlockIndex
+from store.index.redis.connect import redact_url
 from store.interface import KVSpec
 from store.parts import CacheOptions, StoreParts
 
@@ -95,7 +96,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     ram_blocks = settings.ram_cache_bytes // spec.block_bytes
     log.info(
         "blob store %s: budget %.1f MB (--max-cache-bytes); RAM tier %.1f MB, %d blocks (--ram-cache-bytes)",
-        settings.blob_location,
+        redact_url(settings.blob_location),
         budget / 1e6,
         settings.ram_cache_bytes / 1e6,
         ram_blocks,
@@ -112,6 +113,6 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         log.warning(
             "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "
             "KVPROXY_REDIS_URL / --redis-url; caching starts on its own once it answers.",
-            settings.redis_url,
+            redact_url(settings.redis_url),
         )
     return cache

@@ -133,10 +133,12 @@ class StoreAdmin:
         args = (out, self.parts, spec, identity, hashes, model)
         return self._required("export", write_snapshot, *args)
 
-    def import_snapshot(self, source: IO[bytes], identities: Mapping[str, NamespaceIdentity]) -> ImportReport:
+    def import_snapshot(
+        self, source: IO[bytes], identities: Mapping[str, NamespaceIdentity], audit: bool = False
+    ) -> ImportReport:
         spec, writer = self._snapshots(), self.writer
         assert writer is not None
-        return import_snapshot(source, writer, spec, identities, self.options.ttl_s)
+        return import_snapshot(source, writer, spec, identities, self.options.ttl_s, audit)
 
     def _snapshots(self) -> KVSpec:
         if self.spec is None or self.writer is None:

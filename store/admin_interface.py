@@ -97,9 +97,13 @@ class CacheAdmin(Protocol):
         """
         ...
 
-    def import_snapshot(self, source: IO[bytes], identities: Mapping[str, NamespaceIdentity]) -> ImportReport:
+    def import_snapshot(
+        self, source: IO[bytes], identities: Mapping[str, NamespaceIdentity], audit: bool = False
+    ) -> ImportReport:
         """Store and index the blocks of a snapshot archive that verify (``store.snapshot``);
-        ``identities`` holds this deployment's identity for each tenant it serves.
+        ``identities`` holds this deployment's identity for each tenant it serves. With
+        ``audit``, the blocks are served only once the engine has confirmed them
+        (``ImportReport.chains``, ``PrefixCache.settle``).
 
         Raises:
             store.snapshot.format.SnapshotError: not a snapshot, one of another model or format,

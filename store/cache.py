@@ -10,18 +10,23 @@ save, counted and logged, never an exception for the engine.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
-from hashing import BlockHash, Namespace
+from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens
 from store.admin import StoreAdmin
 from store.blobs.base import BlobBackend
+from store.entries import member_name
 from store.index.base import BlockIndex
 from store.interface import KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.lookup import PrefixLookup
 from store.parts import CacheOptions, StoreParts
+from store.serde import BlockVerificationError, decode_block
 from store.writer import BlockWriter
+
+log = logging.getLogger(__name__)
 
 
 class BlockCache:
@@ -84,6 +89,75 @@ class BlockCache:
             self.writer.share(namespace, evicted_audit=len(hashes))
 
         self.writer.enqueue(job)
+
+    def settle(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        tolerance: float,
+    ) -> None:
+        """See ``PrefixCache.settle``: on the writer's thread, each imported block of the chain is
+        compared with the engine's own K/V; equal within ``tolerance`` (relative to the largest
+        magnitude of the engine's), it is promoted (served from now on), else removed with every
+        imported block after it."""
+
+        def job() -> None:
+            parts, scope = self.parts, namespace.hex()
+            hashes = block_hashes(token_ids[: key.shape[0] * BLOCK_SIZE], namespace)
+            members = [member_name(namespace, h) for h in hashes]
+            entries = parts.guard.redis("entries", parts.index.entries, members, scope=scope)
+            confirmed: list[BlockHash] = []
+            wrong: list[BlockHash] = []
+            for i, entry in enumerate(entries or []):
+                if entry is None or not entry.imported:
+                    continue
+                if wrong or not self._same(namespace, token_ids, hashes, i, key, value, tolerance):
+                    wrong.append(hashes[i])
+                else:
+                    confirmed.append(hashes[i])
+            if confirmed:
+                parts.guard.redis("promote", parts.index.promote, namespace, confirmed, scope=scope)
+            if wrong:
+                log.warning(
+                    "imported blocks differ from this model's computation: removing %s",
+                    " ".join(h.hex() for h in wrong),
+                )
+                self._lookup.discard(namespace, wrong)
+            parts.recorder.add(imports_confirmed=len(confirmed), imports_rejected=len(wrong))
+
+        self.writer.enqueue(job)
+
+    def _same(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        hashes: list[BlockHash],
+        i: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        tolerance: float,
+    ) -> bool:
+        """Whether block ``i``'s blob holds, within ``tolerance``, the K/V ``key[i]``, ``value[i]``."""
+        parent = hashes[i - 1] if i else None
+        try:
+            data = self.parts.blobs.read(namespace, hashes[i])
+            stored = decode_block(
+                data,
+                index=i,
+                block_hash=hashes[i],
+                parent=parent,
+                namespace=namespace,
+                token_ids=block_tokens(token_ids, i),
+                spec=self.spec,
+            )
+        except (OSError, BlockVerificationError):
+            return False
+        pairs = ((stored.key, key[i]), (stored.value, value[i]))
+        return all(
+            float((a.float() - b.float()).abs().max()) <= tolerance * float(b.abs().max()) for a, b in pairs
+        )
 
     def close(self) -> None:
         """Stop the garbage collector (``admin.start_gc``)."""

@@ -18,22 +18,26 @@ class IndexEntry:
         size: size of the blob file in bytes (``"bytes"`` in the JSON).
         parent: hex hash of the previous block in the chain, or ``""`` for block 0.
         created: Unix time (seconds) the entry was published.
+        imported: the block came from a snapshot and waits for its audit (``--audit-imports``):
+            lookups never serve it until the audit confirms it (``BlockIndex.promote``).
     """
 
     blob: str
     size: int
     parent: str
     created: float
+    imported: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"blob": self.blob, "bytes": self.size, "parent": self.parent, "created": self.created}
-        )
+        doc: dict[str, object] = {"blob": self.blob, "bytes": self.size, "parent": self.parent}
+        doc |= {"created": self.created} | ({"imported": True} if self.imported else {})
+        return json.dumps(doc)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> IndexEntry:
         doc = json.loads(raw)
-        return cls(str(doc["blob"]), int(doc["bytes"]), str(doc["parent"]), float(doc["created"]))
+        fields = str(doc["blob"]), int(doc["bytes"]), str(doc["parent"]), float(doc["created"])
+        return cls(*fields, imported=doc.get("imported") is True)
 
 
 def member_name(namespace: Namespace, block_hash: BlockHash) -> str:
@@ -53,6 +57,6 @@ def parse_member(member: str) -> tuple[Namespace, BlockHash]:
     return Namespace(bytes.fromhex(ns_hex)), BlockHash(bytes.fromhex(hash_hex))
 
 
-def new_entry(blob: str, size: int, parent: BlockHash | None) -> IndexEntry:
+def new_entry(blob: str, size: int, parent: BlockHash | None, imported: bool = False) -> IndexEntry:
     """An entry for a blob just written, created now."""
-    return IndexEntry(blob, size, parent.hex() if parent is not None else "", time.time())
+    return IndexEntry(blob, size, parent.hex() if parent is not None else "", time.time(), imported)

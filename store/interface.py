@@ -157,6 +157,21 @@ class PrefixCache(Protocol):
         """Wait for scheduled saves; True when they all finished within ``timeout_s`` seconds."""
         ...
 
+    def settle(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        tolerance: float,
+    ) -> None:
+        """Audit the imported blocks among blocks ``0 ..`` of ``token_ids`` against ``key`` and
+        ``value`` (``[m, num_layers, num_kv_heads, 128, head_dim]``, the engine's own cold
+        computation of those m blocks): each imported block equal to it within ``tolerance``
+        (relative to the largest magnitude computed) is served from then on; one that is not is
+        removed, with every imported block after it. Like ``save``, never blocks or raises."""
+        ...
+
     def forget(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
         """Schedule the removal of blocks (index entries, RAM copies, blobs) that must no longer
         be served, e.g. after a failed fidelity audit; like ``save``, never blocks or raises."""

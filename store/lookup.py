@@ -132,10 +132,14 @@ class PrefixLookup:
         if found is None:
             return PrefixMatch([], MissReason.UNAVAILABLE)
         entries, seen = found
-        self.parts.recorder.add(blocks_matched=len(entries))
         reason: MissReason | None = None
         if len(entries) < len(hashes):
             reason = MissReason.EXPIRED if seen else MissReason.NEVER_SEEN
+        # NOTE: an imported block waiting for its audit is never served (nor anything after it)
+        unaudited = next((i for i, e in enumerate(entries) if e.imported), None)
+        if unaudited is not None:
+            entries, reason = entries[:unaudited], MissReason.UNAUDITED
+        self.parts.recorder.add(blocks_matched=len(entries))
 
         blocks: list[KVBlock] = []
         from_ram = 0
@@ -182,8 +186,10 @@ class PrefixLookup:
             blocks.append(block)
 
         # NOTE: blocks this process computed and is still saving extend the prefix the index
-        # lists, so a request sent right after another one hits without waiting for the disk.
-        for i in range(len(blocks), len(hashes)):
+        # lists, so a request sent right after another one hits without waiting for the disk
+        # (never past an imported block waiting for its audit).
+        end = len(blocks) if reason == MissReason.UNAUDITED else len(hashes)
+        for i in range(len(blocks), end):
             block = self.writer.pending.get(namespace, hashes[i])
             if block is None or block.token_ids != block_tokens(token_ids, i):
                 break

@@ -26,6 +26,8 @@ class MissReason(StrEnum):
     """Its blob was missing, unreadable or not the block the prompt needs; it was dropped."""
     UNAVAILABLE = "cache unavailable"
     """Redis did not answer (or its circuit breaker is open): served uncached."""
+    UNAUDITED = "imported, not yet audited"
+    """The block came from a snapshot and waits for its audit (``--audit-imports``)."""
     TIMED_OUT = "read timed out"
     """Reading the blob did not finish within the lookup's time bound (a stuck disk or mount)."""
     DISABLED = "cache disabled"

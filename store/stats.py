@@ -30,6 +30,8 @@ class CacheStats:
         redis_errors: Redis operations that failed or timed out.
         evicted_budget, evicted_ttl, evicted_orphan, evicted_gc, evicted_audit: blocks removed by
             this process, by cause (see ``EvictionReason``).
+        imports_confirmed, imports_rejected: imported blocks whose audit (``--audit-imports``)
+            found them equal to the engine's own computation (then served), or not (removed).
         ram_tier_bytes: K/V bytes held in the RAM tier now (a gauge).
     """
 
@@ -50,6 +52,8 @@ class CacheStats:
     evicted_orphan: int = 0
     evicted_gc: int = 0
     evicted_audit: int = 0
+    imports_confirmed: int = 0
+    imports_rejected: int = 0
     ram_tier_bytes: int = 0
 
     @property
@@ -65,7 +69,7 @@ class CacheStats:
             "budget": self.evicted_budget,
             "verification_failure": self.verification_failures,
             "gc": self.evicted_gc + self.evicted_orphan,
-            "audit": self.evicted_audit,
+            "audit": self.evicted_audit + self.imports_rejected,
         }
 
     def as_dict(self) -> dict[str, int]:

@@ -97,14 +97,17 @@ class BlockWriter:
             self.parts.recorder.add(saves_dropped=len(blocks))
             self.parts.guard.warn("queue", "save queue full: %d blocks not cached", len(blocks))
 
-    def publish_verified(self, namespace: Namespace, batch: Sequence[Stored]) -> Published:
+    def publish_verified(
+        self, namespace: Namespace, batch: Sequence[Stored], imported: bool = False
+    ) -> Published:
         """Store and index blocks verified elsewhere (a snapshot import), on the caller's thread,
-        exactly as saves are stored (``_publish``).
+        exactly as saves are stored (``_publish``); ``imported`` marks their entries as waiting
+        for their audit (``IndexEntry.imported``).
 
         Raises:
             StoreUnavailable: the index failed.
         """
-        return self._publish(namespace, batch, time.time())
+        return self._publish(namespace, batch, time.time(), imported)
 
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
         """Per block, whether the index lacks it (one round trip).
@@ -191,7 +194,9 @@ class BlockWriter:
         finally:
             self.pending.remove(namespace, [s.block for s in batch])
 
-    def _publish(self, namespace: Namespace, batch: Sequence[Stored], created: float) -> Published:
+    def _publish(
+        self, namespace: Namespace, batch: Sequence[Stored], created: float, imported: bool = False
+    ) -> Published:
         """Write each new block's blob, then index them all in one round trip (never the
         reverse: an entry never points at a partial blob); count them as saved; keep them in the
         RAM tier. A failed blob write stops the batch there (the blocks before it are indexed).
@@ -215,7 +220,8 @@ class BlockWriter:
                     parts.recorder.add(save_errors=1)
                     failure = exc
                     break
-                entry = new_entry(parts.blobs.name(namespace, block.block_hash), len(data), item.parent)
+                name = parts.blobs.name(namespace, block.block_hash)
+                entry = new_entry(name, len(data), item.parent, imported)
                 publications.append(
                     Publication(block.block_hash, item.parent, block.index, entry, item.ttl_s, created)
                 )

@@ -94,9 +94,14 @@ def make_cache(redis_client: redis.Redis, key_prefix: str, tmp_path: Path) -> Ca
 
 @pytest.fixture
 def settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
-    """Settings of a test server: this test's Redis (``redis_url``), key prefix and blob dir."""
+    """Settings of a test server: this test's Redis (``redis_url``), key prefix and blob dir; its
+    admin routes open to anonymous clients (``--allow-anonymous-admin``: one test, one user)."""
     return Settings(
-        redis_url=redis_url, key_prefix=key_prefix, blob_dir=tmp_path / "blobs", cache_dir=tmp_path
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        blob_dir=tmp_path / "blobs",
+        cache_dir=tmp_path,
+        allow_anonymous_admin=True,
     )
 
 

@@ -22,7 +22,7 @@ from proxy.cache_api.protocol import ExportRequest
 from proxy.http.auth import DEFAULT_TENANT, require_admin
 from proxy.http.errors import OpenAIError
 from proxy.serving.prompts import prompt_ids
-from proxy.state import CacheOnDep, EngineDep
+from proxy.state import CacheOnDep, EngineDep, SettingsDep
 from store.errors import StoreUnavailable
 from store.snapshot.format import SnapshotError, SnapshotMismatch
 
@@ -99,19 +99,32 @@ async def export(
 
 
 @router.post("/import")
-async def import_(request: Request, engine: EngineDep, cache: CacheOnDep) -> dict[str, Any]:
-    """Load a snapshot archive (the request body) into this deployment's index and blob store;
-    answers the blocks imported, already cached and rejected (with why)."""
+async def import_(
+    request: Request, engine: EngineDep, cache: CacheOnDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Load a snapshot archive (the request body, at most ``--max-import-bytes``) into this
+    deployment's index and blob store; answers the blocks imported, already cached and rejected
+    (with why). With ``--audit-imports`` the imported blocks are served only once the engine has
+    recomputed them (``awaiting_audit`` says how many wait)."""
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as source:
+        received = 0
         async for data in request.stream():
+            received += len(data)
+            if received > settings.max_import_bytes:
+                raise OpenAIError(
+                    413, f"the snapshot is larger than {settings.max_import_bytes} bytes (--max-import-bytes)"
+                )
             source.write(data)
         source.seek(0)
+        audit, served = settings.audit_imports, identities(request, engine)
         try:
-            report = await run_in_threadpool(cache.import_snapshot, source, identities(request, engine))
+            report = await run_in_threadpool(cache.import_snapshot, source, served, audit)
         except SnapshotMismatch as exc:
             raise OpenAIError(400, str(exc), code="snapshot_mismatch") from exc
         except SnapshotError as exc:
             raise OpenAIError(400, str(exc), code="invalid_snapshot") from exc
         except StoreUnavailable as exc:
             raise OpenAIError.cache_unavailable(f": {exc}") from exc
-    return {"object": "cache.import", **report.__dict__}
+    if report.chains:
+        engine.audit_imports(served[report.tenant].digest(), report.chains)
+    return {"object": "cache.import", **report.as_dict()}

@@ -13,7 +13,7 @@ from typing import Annotated
 import xxhash
 from fastapi import Depends, Request
 
-from proxy.config import ServerSettings
+from proxy.config import ServerSettings, Settings
 from proxy.http.errors import OpenAIError
 
 DEFAULT_TENANT = "default"
@@ -70,19 +70,43 @@ def get_tenant(request: Request) -> str:
     return tenant
 
 
-def require_admin(request: Request) -> None:
-    """Pass only requests carrying the admin key: 403 for a valid API key (it names a tenant, not
-    an operator), 401 otherwise. Without ``--admin-key`` the admin routes are open only while API
-    keys are off (a single-user server)."""
+def is_admin(request: Request) -> bool:
+    """Whether the request carries the admin key (compared in constant time)."""
     settings: ServerSettings = request.app.state.settings
     token = bearer(request)
-    if settings.admin_key is None and request.app.state.api_keys is None:
+    return (
+        settings.admin_key is not None
+        and token is not None
+        and secrets.compare_digest(token.encode(), settings.admin_key.encode())
+    )
+
+
+def keys_configured(request: Request) -> bool:
+    """Whether the server has any key at all (``--admin-key`` or ``--api-keys``)."""
+    settings: ServerSettings = request.app.state.settings
+    return settings.admin_key is not None or request.app.state.api_keys is not None
+
+
+def require_admin(request: Request) -> None:
+    """The cache routes that read or write cache contents (``/v1/cache/*``): only the admin key
+    passes, 403 for a valid API key (it names a tenant, not an operator), 401 otherwise. Closed by
+    default: without ``--admin-key``, anonymous clients pass only when the operator opted in
+    (``--allow-anonymous-admin``) and no API keys are set."""
+    settings: Settings = request.app.state.settings
+    if is_admin(request) or (settings.allow_anonymous_admin and not keys_configured(request)):
         return
-    if settings.admin_key is not None and secrets.compare_digest(
-        (token or "").encode(), settings.admin_key.encode()
-    ):
+    _refuse(request, "this route needs the admin key (--admin-key)")
+
+
+def require_operator(request: Request) -> None:
+    """Counters and metrics (``/metrics``, the router's ``/stats``): open while the server has no
+    key at all (a single-user server, Prometheus scraping), else the admin key only."""
+    if is_admin(request) or not keys_configured(request):
         return
-    message = "this route needs the admin key" + (" (--admin-key)" if settings.admin_key is None else "")
+    _refuse(request, "this route needs the admin key")
+
+
+def _refuse(request: Request, message: str) -> None:
     if request.app.state.api_keys is not None:
         try:
             get_tenant(request)

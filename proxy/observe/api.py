@@ -8,7 +8,6 @@ browsers never send to the server).
 
 from __future__ import annotations
 
-import secrets
 from importlib import resources
 from typing import Annotated, Any
 
@@ -18,14 +17,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from hashing import Namespace
-from proxy.http.auth import DEFAULT_TENANT, bearer, get_tenant, require_admin
+from proxy.http.auth import DEFAULT_TENANT, get_tenant, is_admin, keys_configured, require_operator
 from proxy.observe import panels
-from proxy.state import CacheDep, EngineDep, MetricsDep, get_settings
+from proxy.state import CacheDep, EngineDep, MetricsDep
 
 router = APIRouter()
 
 
-@router.get("/metrics", dependencies=[Depends(require_admin)])
+@router.get("/metrics", dependencies=[Depends(require_operator)])
 async def metrics(m: MetricsDep) -> Response:
     body = await run_in_threadpool(generate_latest, m.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
@@ -33,24 +32,22 @@ async def metrics(m: MetricsDep) -> Response:
 
 def stats_scope(request: Request, engine: EngineDep) -> Namespace | None:
     """None (everything) without API keys or for the admin key; else the caller's namespace."""
-    if request.app.state.api_keys is None:
-        return None
-    admin_key = get_settings(request).admin_key
-    token = bearer(request)
-    if (
-        admin_key is not None
-        and token is not None
-        and secrets.compare_digest(token.encode(), admin_key.encode())
-    ):
+    if request.app.state.api_keys is None or is_admin(request):
         return None
     return engine.loaded.namespace(get_tenant(request))
 
 
 def viewer(request: Request, scope: Namespace | None, engine: EngineDep) -> Namespace | None:
-    """The namespace whose prompts the caller may read: a tenant's own, the single tenant's
-    without API keys, none for the admin key (it names an operator, not a tenant)."""
-    if scope is None and request.app.state.api_keys is None:
-        return engine.loaded.namespace(DEFAULT_TENANT)
+    """The namespace whose prompts the caller may read: a tenant's own; without API keys, the one
+    tenant's, for the admin key or, on a server with no key at all, for anyone; none for the admin
+    key among API keys (it names an operator, not a tenant), and never for a client without a key
+    on a server that has one."""
+    if request.app.state.api_keys is None:
+        return (
+            engine.loaded.namespace(DEFAULT_TENANT)
+            if is_admin(request) or not keys_configured(request)
+            else None
+        )
     return scope
 
 

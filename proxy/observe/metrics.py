@@ -147,6 +147,13 @@ class _EngineAndStoreCollector(Collector):
             "kvproxy_cache_ram_tier_bytes", "K/V bytes held in the RAM tier", value=s.ram_tier_bytes
         )
         yield _by_label("kvproxy_cache_blocks_evicted", "Blocks removed, by reason", "reason", s.evictions)
+        imports = {"confirmed": s.imports_confirmed, "rejected": s.imports_rejected}
+        yield _by_label(
+            "kvproxy_import_audits",
+            "Imported blocks audited (--audit-imports), by outcome",
+            "outcome",
+            imports,
+        )
         errors = {
             "redis": s.redis_errors,
             "write": s.save_errors,

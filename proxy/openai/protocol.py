@@ -137,6 +137,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Data for the chat template (``proxy.serving.rendering.template_data``)."
+    )
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""

@@ -32,6 +32,7 @@ class TokenizeRequest(_Lenient):
     prompt: str | None = None
     add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Lenient):
@@ -48,7 +49,9 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
     if (body.messages is None) == (body.prompt is None):
         raise OpenAIError(400, "send exactly one of `messages` and `prompt`", param="messages")
     if body.messages is not None:
-        ids = await run_in_threadpool(messages_prompt_ids, engine, body.messages, body.add_generation_prompt)
+        ids = await run_in_threadpool(
+            messages_prompt_ids, engine, body.messages, body.add_generation_prompt, body.chat_template_kwargs
+        )
     else:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         ids = (await run_in_threadpool(tokenizer, body.prompt, add_special_tokens=add_special))["input_ids"]

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import xxhash
@@ -26,10 +26,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from engine.model.fetch import ModelError, convert_in_child
 from engine.model.resolve import resolve_model_dir
 from proxy.config import RouteSettings
-from proxy.http.auth import Tenant, parse_api_keys, require_admin
+from proxy.http.auth import DEFAULT_TENANT, Tenant, bearer, get_tenant, parse_api_keys, require_operator
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
-from proxy.router.forward import forward
+from proxy.router.forward import forward, while_connected
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
 from proxy.router.routing import Router
@@ -93,7 +93,7 @@ def create_route_app(settings: RouteSettings, identity: Identity | None = None) 
         prober = asyncio.create_task(router.probe_forever())
         log.info(
             "routing to %s (%s, prompts hashed as %s)",
-            ", ".join(settings.upstreams),
+            ", ".join(r.url for r in router.replicas.all),
             settings.policy,
             "text" if known.tokenizer is None else "token ids",
         )
@@ -111,19 +111,35 @@ def create_route_app(settings: RouteSettings, identity: Identity | None = None) 
     return app
 
 
+def route_tenant(request: Request) -> str:
+    """Whose traffic a request counts as in the route index: the tenant of the router's own API key
+    (``--api-keys``), or without them a digest of the key the client sends on to the replicas, so
+    one replica tenant's prompts never steer, or reveal themselves to, another's."""
+    if request.app.state.api_keys is not None:
+        return get_tenant(request)
+    token = bearer(request)
+    return DEFAULT_TENANT if token is None else f"key-{xxhash.xxh3_64_hexdigest(token.encode())}"
+
+
+RouteTenant = Annotated[str, Depends(route_tenant)]
+
+
 def _router(request: Request) -> Router:
     router: Router = request.app.state.router
     return router
 
 
 @api.post("/v1/chat/completions")
-async def chat(request: Request, tenant: Tenant) -> Response:
-    return await forward(_router(request), request, "chat", await request.body(), tenant)
+async def chat(request: Request, tenant: RouteTenant) -> Response:
+    return await while_connected(
+        request, forward(_router(request), request, "chat", await request.body(), tenant)
+    )
 
 
 @api.post("/v1/completions")
-async def completions(request: Request, tenant: Tenant) -> Response:
-    return await forward(_router(request), request, "completions", await request.body(), tenant)
+async def completions(request: Request, tenant: RouteTenant) -> Response:
+    raw = await request.body()
+    return await while_connected(request, forward(_router(request), request, "completions", raw, tenant))
 
 
 @api.get("/v1/models")
@@ -165,12 +181,12 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if any(up.values()) else 503)
 
 
-@api.get("/metrics", dependencies=[Depends(require_admin)])
+@api.get("/metrics", dependencies=[Depends(require_operator)])
 async def metrics(request: Request) -> Response:
     return Response(generate_latest(_router(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@api.get("/stats", dependencies=[Depends(require_admin)])
+@api.get("/stats", dependencies=[Depends(require_operator)])
 async def stats(request: Request) -> dict[str, Any]:
     router = _router(request)
     up = {r.url: r.available for r in router.replicas.all}

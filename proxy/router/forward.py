@@ -14,8 +14,9 @@ been sent, a failure ends the stream with an SSE ``error`` event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import httpx
@@ -26,7 +27,12 @@ from proxy.http.errors import OpenAIError
 from proxy.router.identity import PromptKey
 from proxy.router.policy import Decision, Endpoint
 from proxy.router.replicas import Replica
+from proxy.router.replies import delta_text, reply_text, sse_data
 from proxy.router.routing import Router
+
+DISCONNECT_POLL_S = 0.1
+CLIENT_CLOSED = 499
+"""The status logged for a request whose client left (nobody receives it)."""
 
 NOT_FORWARDED = {
     "host",
@@ -49,7 +55,8 @@ ROUTE_HEADERS = ("x-kvproxy-replica", "x-kvproxy-route")
 
 
 async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, tenant: str) -> Response:
-    """Route and forward a ``chat`` or ``completions`` request (``raw``: its JSON body).
+    """Route and forward a ``chat`` or ``completions`` request (``raw``: its JSON body); a client
+    that leaves before the answer is whole cancels it upstream (``while_connected``).
 
     Raises:
         OpenAIError: 400 for a body that is not a JSON object; 503 when no replica is up.
@@ -91,6 +98,9 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
             response = await asyncio.wait_for(
                 replica.client.send(upstream, stream=True), router.settings.first_byte_timeout
             )
+        except asyncio.CancelledError:
+            router.ended(replica)  # NOTE: the client left while the replica had not answered yet
+            raise
         except (httpx.HTTPError, TimeoutError) as exc:
             failure = "timeout" if isinstance(exc, TimeoutError | httpx.TimeoutException) else "connect"
             _failed(router, replica, failure)
@@ -114,6 +124,21 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
             events = _relay(router, replica, response, kind, body, key, wants_usage)
             return StreamingResponse(events, status_code=200, headers=out_headers)
         return await _whole(router, replica, response, kind, body, key, out_headers)
+
+
+async def while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """``work``, cancelled once the client disconnects (checked every ``DISCONNECT_POLL_S``
+    seconds): the connection to the replica is then closed, and a replica stops generating, as
+    it does for a client of its own. Streams stop the same way when their client leaves."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return Response(status_code=CLIENT_CLOSED)
+    return task.result()
 
 
 async def _whole(
@@ -142,7 +167,7 @@ async def _whole(
     if response.status_code == 200:
         try:
             doc = json.loads(content)
-            reply = _reply_text(kind, doc)
+            reply = reply_text(kind, doc)
             router.metrics.usage(replica.url, doc.get("usage") or {})
         except (ValueError, AttributeError, TypeError):
             reply = None
@@ -169,9 +194,9 @@ async def _relay(
             buffer += chunk.replace(b"\r\n", b"\n")
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                doc = _data(event)
+                doc = sse_data(event)
                 if doc is not None:
-                    parts.append(_delta_text(kind, doc))
+                    parts.append(delta_text(kind, doc))
                     usage = doc.get("usage") or usage
                     if not wants_usage and "usage" in doc:
                         if not doc.get("choices"):
@@ -207,31 +232,3 @@ def _failed(router: Router, replica: Replica, kind: str) -> None:
     router.ended(replica)
     router.metrics.failed(replica.url, kind)
     router.replicas.failed(replica, kind)
-
-
-def _data(event: bytes) -> dict[str, Any] | None:
-    """The JSON object of an SSE event's ``data:`` line (None for ``[DONE]``, comments, other)."""
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            try:
-                doc = json.loads(line[5:].strip())
-            except ValueError:
-                return None
-            return doc if isinstance(doc, dict) else None
-    return None
-
-
-def _delta_text(kind: Endpoint, doc: dict[str, Any]) -> str:
-    for choice in doc.get("choices") or []:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
-            return text if isinstance(text, str) else ""
-    return ""
-
-
-def _reply_text(kind: Endpoint, doc: dict[str, Any]) -> str | None:
-    choice = (doc.get("choices") or [None])[0]
-    if not isinstance(choice, dict):
-        return None
-    text = (choice.get("message") or {}).get("content") if kind == "chat" else choice.get("text")
-    return text if isinstance(text, str) else None

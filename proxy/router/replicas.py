@@ -55,10 +55,17 @@ class Replicas:
     def __init__(self, urls: list[str], connect_timeout_s: float, cooldown_s: float) -> None:
         timeout = httpx.Timeout(None, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        self.all = [
-            Replica(url, httpx.AsyncClient(timeout=timeout, limits=limits), CircuitBreaker(cooldown_s))
-            for url in urls
-        ]
+        self.all = []
+        for given in urls:
+            # NOTE: credentials in a URL go to the client's auth: the URL names the replica in logs,
+            # metrics, headers and the route index, which must never show a password
+            parts = httpx.URL(given)
+            auth = (
+                httpx.BasicAuth(parts.username, parts.password) if parts.username or parts.password else None
+            )
+            url = str(parts.copy_with(username=None, password=None))
+            client = httpx.AsyncClient(timeout=timeout, limits=limits, auth=auth)
+            self.all.append(Replica(url, client, CircuitBreaker(cooldown_s)))
         self.inflight: Counter[str] = Counter()
 
     def candidates(

@@ -9,6 +9,7 @@ id prompts are checked against the vocabulary. Every fault is a 400 naming the f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from engine.worker import Engine
 from proxy.http.errors import OpenAIError
@@ -23,13 +24,17 @@ def chat_prompt_ids(engine: Engine, body: ChatCompletionRequest) -> list[int]:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
     try:
-        return render_chat(engine.loaded.tokenizer, body.template_messages())
+        messages, data = body.template_messages(), body.chat_template_kwargs
+        return render_chat(engine.loaded.tokenizer, messages, template_kwargs=data)
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
 
 
 def messages_prompt_ids(
-    engine: Engine, messages: list[ChatMessage], add_generation_prompt: bool = True
+    engine: Engine,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Chat messages rendered as the chat route renders them (text content only).
 
@@ -37,7 +42,8 @@ def messages_prompt_ids(
         OpenAIError: 400 naming the field the chat template cannot render.
     """
     try:
-        return render_messages(engine.loaded.tokenizer, messages, add_generation_prompt=add_generation_prompt)
+        tokenizer = engine.loaded.tokenizer
+        return render_messages(tokenizer, messages, add_generation_prompt, template_kwargs)
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
 

@@ -8,13 +8,14 @@ close its own turn and forge another. This holds for every special token the tok
 
 from __future__ import annotations
 
+import inspect
 import re
 import secrets
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Environment, TemplateError, meta
 
 from proxy.openai.protocol import ChatMessage, unsupported_content
 
@@ -41,7 +42,9 @@ def render_chat(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The chat template rendered over ``messages`` (dicts with ``role``, ``content`` and, for an
-    assistant's tool calls, ``tool_calls``), as token ids.
+    assistant's tool calls, ``tool_calls``), as token ids; ``template_kwargs`` (a request's
+    ``chat_template_kwargs``) pass only as ``template_data`` allows, their text protected as
+    message text is.
 
     NOTE: the template writes every special token it wants (BOS, role markers), so the tokenizer
     adds none of its own (``add_special_tokens=False``): no doubled BOS.
@@ -64,13 +67,14 @@ def render_chat(
                     f"messages[{i}].{field}",
                     f"this model's chat template cannot render `{field}` (they would be dropped)",
                 )
+    data = template_data(tokenizer, template_kwargs)
     try:
         text = tokenizer.apply_chat_template(
             protected,
             tools=tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            **(template_kwargs or {}),
+            **{k: _protect_data(tokenizer, v, hidden, nonce) for k, v in data.items()},
         )
     except (TemplateError, LookupError, TypeError, ValueError) as exc:  # templates index and raise
         raise RenderError("messages", f"the chat template rejected the messages: {exc}") from exc
@@ -85,7 +89,10 @@ def render_chat(
 
 
 def render_messages(
-    tokenizer: Any, messages: list[ChatMessage], *, add_generation_prompt: bool = True
+    tokenizer: Any,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """``render_chat`` over request messages, refusing content parts that are not text (which
     the chat route refuses, so a prompt no request can send is never rendered).
@@ -96,7 +103,64 @@ def render_messages(
     if (unsupported := unsupported_content(messages)) is not None:
         raise RenderError(*unsupported)
     rendered = [m.for_template() for m in messages]
-    return render_chat(tokenizer, rendered, add_generation_prompt=add_generation_prompt)
+    return render_chat(
+        tokenizer, rendered, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs
+    )
+
+
+def template_data(tokenizer: Any, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The entries of a request's ``chat_template_kwargs`` that reach the chat template: plain JSON
+    data (strings, numbers, booleans, null, lists and objects of them) under names the model's own
+    template reads, never one of ``apply_chat_template``'s own parameters (``chat_template``,
+    ``tokenize``, ...) or a special token's name (``bos_token``, ...). Everything else is dropped,
+    so a request can never hand the renderer a template, and the router renders what a replica
+    renders.
+    """
+    if not kwargs:
+        return {}
+    allowed = _template_variables(tokenizer.chat_template) - _reserved(tokenizer)
+    return {k: v for k, v in kwargs.items() if k in allowed and _plain(v)}
+
+
+@lru_cache(maxsize=16)
+def _template_variables(template: str | None) -> frozenset[str]:
+    """The names a chat template reads from its context."""
+    if not isinstance(template, str):
+        return frozenset()
+    try:
+        return frozenset(meta.find_undeclared_variables(Environment().parse(template)))
+    except TemplateError:
+        return frozenset()
+
+
+def _reserved(tokenizer: Any) -> frozenset[str]:
+    names = set(inspect.signature(tokenizer.apply_chat_template).parameters)
+    names |= {"messages", "tools", "documents", "add_generation_prompt", "raise_exception"}
+    return frozenset(names | set(tokenizer.special_tokens_map) | {n for n in names if n.endswith("_token")})
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON data, nested at most 8 deep."""
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _protect_data(tokenizer: Any, value: Any, hidden: list[str], nonce: str) -> Any:
+    """``value`` with every string in it protected as message text is (``_protect``)."""
+    if isinstance(value, str):
+        return _protect(tokenizer, value, hidden, nonce)
+    if isinstance(value, list):
+        return [_protect_data(tokenizer, v, hidden, nonce) for v in value]
+    if isinstance(value, dict):
+        return {k: _protect_data(tokenizer, v, hidden, nonce) for k, v in value.items()}
+    return value
 
 
 def supports_tools(tokenizer: Any) -> bool:

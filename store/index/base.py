@@ -109,6 +109,11 @@ class BlockIndex(Protocol):
         """Forget members whose entry is gone (all given, with ``force``)."""
         ...
 
+    def promote(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        """Clear the imported mark of the blocks' entries (their TTLs kept); a block without an
+        entry is skipped."""
+        ...
+
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None: ...
 
     def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:

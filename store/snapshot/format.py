@@ -133,6 +133,28 @@ def manifest_entry(block: Any) -> ManifestEntry:
     return ManifestEntry(BlockHash(bytes.fromhex(block["hash"])), parent, position, digest, size)
 
 
+def check_member(
+    tar: tarfile.TarFile, name: str, size: int | None, limit: int, error: type[Exception]
+) -> tarfile.TarInfo:
+    """The archive's regular file ``name``, declared ``size`` bytes (None: any) and at most
+    ``limit``, checked before a byte of it is read.
+
+    Raises:
+        ``error``: naming the member and what is wrong with it.
+    """
+    try:
+        info = tar.getmember(name)
+    except KeyError:
+        raise error(f"{name} is missing from the archive") from None
+    if not info.isfile() or info.issparse():
+        raise error(f"{name} is not a plain file in the archive")
+    if info.size > limit:
+        raise error(f"{name} declares {info.size} bytes, more than the {limit} it may hold")
+    if size is not None and info.size != size:
+        raise error(f"{name} declares {info.size} bytes, not the manifest's {size}")
+    return info
+
+
 def entry_name(block: Any) -> str:
     """How a manifest entry is named in reports: its hash, or what it is when it has none."""
     return str(block.get("hash")) if isinstance(block, dict) else repr(block)

@@ -16,15 +16,16 @@ from typing import IO, Any
 
 import xxhash
 
-from hashing import NamespaceIdentity
+from hashing import BlockHash, NamespaceIdentity
 from store.interface import KVSpec
-from store.serde import BlockVerificationError, max_blob_bytes
+from store.serde import BlockVerificationError, max_blob_bytes, read_header, read_token_ids
 from store.snapshot.format import (
     MANIFEST,
     ManifestEntry,
     SnapshotError,
     SnapshotMismatch,
     block_member,
+    check_member,
     depth,
     entry_name,
     manifest_entry,
@@ -41,7 +42,9 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 @dataclass
 class ImportReport:
-    """What an import did: blocks stored, already cached, and rejected (hash hex, reason)."""
+    """What an import did: blocks stored, already cached, and rejected (hash hex, reason); with
+    ``audit``, how many stored blocks wait for their audit, and the token ids of the chains that
+    hold them (for the engine to recompute; not part of the report's JSON)."""
 
     tenant: str
     namespace: str
@@ -49,6 +52,12 @@ class ImportReport:
     imported: int = 0
     already_cached: int = 0
     rejected: list[dict[str, str]] = field(default_factory=list)
+    awaiting_audit: int = 0
+    chains: list[list[int]] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as the import route answers it."""
+        return {k: v for k, v in self.__dict__.items() if k != "chains"}
 
 
 def import_snapshot(
@@ -57,6 +66,7 @@ def import_snapshot(
     spec: KVSpec,
     identities: Mapping[str, NamespaceIdentity],
     ttl_s: int,
+    audit: bool = False,
 ) -> ImportReport:
     """Store and index the verified blocks of a snapshot archive (``source``: seekable).
 
@@ -65,6 +75,8 @@ def import_snapshot(
         spec: the K/V layout every block must have.
         identities: this deployment's identity for each tenant it serves.
         ttl_s: the TTL in seconds of the imported blocks.
+        audit: mark the stored blocks as waiting for their audit (``IndexEntry.imported``):
+            lookups serve none of them until the engine has recomputed and confirmed it.
 
     Raises:
         SnapshotError: not a snapshot, or a tenant this deployment does not serve.
@@ -77,18 +89,52 @@ def import_snapshot(
     except tarfile.TarError as exc:
         raise SnapshotError(f"not a kvproxy snapshot: not a tar archive ({exc})") from exc
     with tar:
-        _check_member(tar, MANIFEST, None, MAX_MANIFEST_BYTES, SnapshotError)
+        _load_members(tar)
+        check_member(tar, MANIFEST, None, MAX_MANIFEST_BYTES, SnapshotError)
         manifest = read_manifest(tar)
         identity = _identity(manifest, identities)
         blocks = manifest["blocks"]
+        _check_sizes(tar, blocks, max_blob_bytes(spec))
         report = ImportReport(identity.tenant, identity.digest().hex(), len(blocks))
-        run = _Import(tar, writer, spec, identity, ttl_s, report)
+        run = _Import(tar, writer, spec, identity, ttl_s, report, audit)
         # NOTE: parents first, so a block whose parent was rejected is rejected too: it could
         # never be served (its K/V depends on the parent's)
         for block in sorted(blocks, key=depth):
             run.add(block)
         run.flush()
+    if audit:
+        report.chains = run.chains()
     return run.report
+
+
+def _load_members(tar: tarfile.TarFile) -> None:
+    """Read every member's header (nothing of their data).
+
+    Raises:
+        SnapshotError: the archive is cut short, naming the member whose declared bytes it lacks.
+    """
+    last = None
+    try:
+        while (member := tar.next()) is not None:
+            last = member
+    except tarfile.TarError as exc:
+        where = f"{last.name} declares {last.size} bytes the archive does not hold" if last else str(exc)
+        raise SnapshotError(f"not a readable snapshot: {where}") from exc
+
+
+def _check_sizes(tar: tarfile.TarFile, blocks: list[Any], limit: int) -> None:
+    """Every block member the manifest lists, checked before any is read: a plain file of the
+    size the manifest gives, at most ``limit`` bytes (a block's largest blob).
+
+    Raises:
+        SnapshotError: naming the first member that is not.
+    """
+    present = set(tar.getnames())
+    for block in blocks:
+        name = block_member(entry_name(block))
+        if name in present:
+            size = block.get("bytes")
+            check_member(tar, name, size if isinstance(size, int) else None, limit, SnapshotError)
 
 
 def _identity(manifest: dict[str, Any], identities: Mapping[str, NamespaceIdentity]) -> NamespaceIdentity:
@@ -108,27 +154,6 @@ def _identity(manifest: dict[str, Any], identities: Mapping[str, NamespaceIdenti
     return identity
 
 
-def _check_member(
-    tar: tarfile.TarFile, name: str, size: int | None, limit: int, error: type[Exception]
-) -> tarfile.TarInfo:
-    """The archive's regular file ``name``, declared ``size`` bytes (None: any) and at most
-    ``limit``, checked before a byte of it is read.
-
-    Raises:
-        ``error``: naming the member and what is wrong with it.
-    """
-    try:
-        info = tar.getmember(name)
-    except KeyError:
-        raise error(f"{name} is missing from the archive") from None
-    if not info.isfile() or info.issparse():
-        raise error(f"{name} is not a plain file in the archive")
-    if info.size > limit or (size is not None and info.size != size):
-        expected = f"the manifest's {size}" if size is not None else f"at most {limit}"
-        raise error(f"{name} declares {info.size} bytes, not {expected}")
-    return info
-
-
 class _Import:
     """One import's progress: verified blocks waiting to be published, and what was rejected."""
 
@@ -140,9 +165,11 @@ class _Import:
         identity: NamespaceIdentity,
         ttl_s: int,
         report: ImportReport,
+        audit: bool,
     ) -> None:
         self.tar, self.writer, self.spec, self.report = tar, writer, spec, report
-        self.namespace, self.ttl_s = identity.digest(), ttl_s
+        self.namespace, self.ttl_s, self.audit = identity.digest(), ttl_s, audit
+        self.stored: dict[str, tuple[str | None, tuple[int, ...]]] = {}  # hex -> (parent hex, tokens)
         self.rejected: set[str] = set()
         self.verified: set[str] = set()
         self.batch: list[tuple[str, Stored]] = []
@@ -165,7 +192,7 @@ class _Import:
 
     def _read(self, entry: ManifestEntry) -> Stored:
         member = block_member(entry.block_hash.hex())
-        info = _check_member(self.tar, member, entry.size, max_blob_bytes(self.spec), BlockVerificationError)
+        info = check_member(self.tar, member, entry.size, max_blob_bytes(self.spec), BlockVerificationError)
         source = self.tar.extractfile(info)
         assert source is not None  # a regular file
         data = source.read(info.size)
@@ -189,14 +216,40 @@ class _Import:
                 kept.append((name, stored))
         if not kept:
             return
-        published = self.writer.publish_verified(self.namespace, [s for _, s in kept])
-        for (name, _), fresh in zip(kept, published.stored, strict=True):
+        published = self.writer.publish_verified(self.namespace, [s for _, s in kept], self.audit)
+        for (name, stored), fresh in zip(kept, published.stored, strict=True):
             if fresh is None:
                 self._reject(name, f"cannot be stored: {published.failure}")
             elif fresh:
                 self.report.imported += 1
+                parent = stored.parent.hex() if stored.parent is not None else None
+                self.stored[name] = (parent, stored.block.token_ids)
             else:
                 self.report.already_cached += 1
+        self.report.awaiting_audit = len(self.stored) if self.audit else 0
+
+    def chains(self) -> list[list[int]]:
+        """The token ids of every chain ending at a stored block no other stored block extends,
+        from block 0 (parents outside this snapshot read from their verified blobs here)."""
+        parents = {parent for parent, _ in self.stored.values()}
+        out = []
+        for name in self.stored:
+            if name in parents:
+                continue
+            tokens: list[int] = []
+            at: str | None = name
+            while at is not None:
+                parent, ids = self.stored[at] if at in self.stored else self._cached(at)
+                tokens[:0] = ids
+                at = parent
+            out.append(tokens)
+        return out
+
+    def _cached(self, block_hex: str) -> tuple[str | None, tuple[int, ...]]:
+        """A cached block's parent (hex) and token ids, from its blob."""
+        data = self.writer.parts.blobs.read(self.namespace, BlockHash(bytes.fromhex(block_hex)))
+        parent = read_header(data).get("parent_hash") or None
+        return parent, tuple(read_token_ids(data))
 
     def _orphans(self, batch: list[Stored]) -> set[str]:
         """Hex of the parents in ``batch`` neither verified in this snapshot nor cached here: a

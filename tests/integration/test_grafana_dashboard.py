@@ -74,10 +74,11 @@ def exported(page: str) -> set[str]:
 
 
 def scrape_paths() -> dict[str, str]:
-    """{"router" or "replica": the path Prometheus scrapes it on}, from the compose stack's config."""
+    """{"router" or "replica": the path Prometheus scrapes it on}, from the compose stack's config;
+    every job sends the admin key from the file the services read it from (we scrape as it does)."""
     paths: dict[str, str] = {}
     for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]:
-        assert "authorization" not in job and "bearer_token" not in job  # we scrape as it does
+        assert job["authorization"]["credentials_file"] == compose_environment("proxy")["KVPROXY_ADMIN_KEY"]
         for static in job["static_configs"]:
             for target in static["targets"]:
                 kind = "router" if target.split(":")[0] == "router" else "replica"
@@ -89,10 +90,12 @@ def compose_environment(service: str) -> dict[str, str]:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"][service]["environment"]
 
 
-def keys_of(service: str) -> dict[str, str | None]:
-    """The admin key and API keys a compose service runs with (None: not set)."""
+def keys_of(service: str, key_file: Path) -> dict[str, str | None]:
+    """The admin key and API keys a compose service runs with (None: not set), its key file
+    (``/run/kvproxy/admin_key`` in the stack) standing at ``key_file`` here."""
     env = compose_environment(service)
-    return {"admin_key": env.get("KVPROXY_ADMIN_KEY"), "api_keys": env.get("KVPROXY_API_KEYS")}
+    admin = env.get("KVPROXY_ADMIN_KEY")
+    return {"admin_key": str(key_file) if admin else None, "api_keys": env.get("KVPROXY_API_KEYS")}
 
 
 def test_metric_names_are_read_from_promql() -> None:
@@ -104,13 +107,18 @@ def test_metric_names_are_read_from_promql() -> None:
     assert metric_names(expr) == {"kvproxy_x_bucket", "vllm:y_total", "kvproxy_z"}
 
 
-def test_every_metric_the_dashboard_queries_is_exported(settings, tiny_model, serve) -> None:
-    """After a miss and a hit, the replica's and the router's /metrics hold every series name the
-    Grafana dashboard queries, between them."""
+def test_every_metric_the_dashboard_queries_is_exported(settings, tiny_model, serve, tmp_path) -> None:
+    """After a miss and a hit, the replica's and the router's /metrics, scraped with the stack's
+    admin key as Prometheus scrapes them, hold every series name the Grafana dashboard queries."""
     queried = queried_metrics()
     paths = scrape_paths()
     assert set(paths) == {"replica", "router"} and len(queried) >= 20
-    with serve(settings.model_copy(update=keys_of("proxy")), tiny_model) as server:
+    key_file = tmp_path / "admin_key"
+    key_file.write_text("a-generated-key\n")
+    scrape = {"Authorization": "Bearer a-generated-key"}
+    keyed = settings.model_copy(update={"allow_anonymous_admin": False} | keys_of("proxy", key_file))
+    keyed = type(keyed)(**keyed.model_dump())  # NOTE: validated again, so the key is read from its file
+    with serve(keyed, tiny_model) as server:
         api = Api(server)
         prompt = random_tokens(300, seed=1601)
         assert api.complete(prompt).cached_tokens == 0
@@ -120,13 +128,13 @@ def test_every_metric_the_dashboard_queries_is_exported(settings, tiny_model, se
             upstream=f"{server.base_url}/v1",
             redis_url=settings.redis_url,
             key_prefix=f"{settings.key_prefix}route:",
-            **keys_of("router"),
+            **keys_of("router", key_file),
         )
         with ServerThread(create_route_app(route, Identity(tiny_model.tokenizer, "tiny"))) as router:
             body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0}
             assert httpx.post(f"{router.base_url}/v1/completions", json=body, timeout=120).status_code == 200
-            router_page = httpx.get(f"{router.base_url}{paths['router']}", timeout=30)
-        replica_page = httpx.get(f"{server.base_url}{paths['replica']}", timeout=30)
+            router_page = httpx.get(f"{router.base_url}{paths['router']}", headers=scrape, timeout=30)
+        replica_page = httpx.get(f"{server.base_url}{paths['replica']}", headers=scrape, timeout=30)
     assert (replica_page.status_code, router_page.status_code) == (200, 200)
     families = {f.name: f for f in text_string_to_metric_families(replica_page.text)}
     ttft = {s.labels.get("cache") for s in families["kvproxy_time_to_first_token_seconds"].samples}

@@ -61,7 +61,17 @@ def test_metric_labels_are_bounded(cached, settings, redis_client) -> None:
     assert namespace.hex() not in text
     assert not [h for h in block_hashes(prompt, namespace) if h.hex() in text]
     labels = set(re.findall(r'(\w+)="([^"]*)"', text))
-    bounded = {"route", "status", "cache", "reason", "operation", "le", "model_name", "finished_reason"}
+    bounded = {
+        "route",
+        "status",
+        "cache",
+        "reason",
+        "operation",
+        "le",
+        "model_name",
+        "finished_reason",
+        "outcome",
+    }
     assert {name for name, _ in labels} <= bounded
     assert {value for name, value in labels if name == "model_name"} == {"tiny"}
     assert 'kvproxy_cache_blocks_evicted_total{reason="verification_failure"} 1.0' in text

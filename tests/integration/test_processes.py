@@ -41,6 +41,7 @@ def start(model_dir, port: int, redis_url: str, key_prefix: str, blobs) -> subpr
             "KVPROXY_KEY_PREFIX": key_prefix,
             "KVPROXY_GC_INTERVAL": "0.3",
             "KVPROXY_GC_GRACE": "5",
+            "KVPROXY_ALLOW_ANONYMOUS_ADMIN": "1",  # NOTE: /v1/cache/stats, read below
         }
     )
     return subprocess.Popen(

@@ -5,12 +5,14 @@ replica that stops and comes back, and two routers that agree."""
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 
 import httpx
+import pytest
 
 from proxy.app import create_app
 from proxy.config import RouteSettings
@@ -194,3 +196,47 @@ def test_two_routers_send_a_conversation_to_the_same_replica(settings, tiny_mode
             cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert len({replica for replica, _ in seen}) == 1
     assert [decision for _, decision in seen[1:]] == ["affinity", "affinity"] and cached > 0
+
+
+def test_the_route_index_is_scoped_by_the_key_the_router_forwards(settings, tiny_model, tmp_path) -> None:
+    """A router without keys in front of keyed replicas: tenant B's traffic never makes tenant A's
+    request an affinity decision (nor shows in its headers); A's own second turn is one."""
+    keyed = settings.model_copy(update={"api_keys": "key-a=A,key-b=B"})
+    with cluster(keyed, tiny_model, tmp_path) as ([router], _):
+        messages = [{"role": "user", "content": text(77, 700)}]
+
+        def as_tenant(key: str) -> str:
+            body = {"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0}
+            headers = {"Authorization": f"Bearer {key}"}
+            r = httpx.post(f"{router.base_url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.headers["x-kvproxy-route"]
+
+        for _ in range(3):
+            assert as_tenant("key-b") in ("affinity", "fallback")
+        time.sleep(0.5)  # NOTE: the route index records in the background
+        assert as_tenant("key-a") != "affinity"
+        time.sleep(0.5)
+        assert as_tenant("key-a") == "affinity"
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_the_replica(settings, tiny_model, tmp_path) -> None:
+    """Not streamed: the client gives up after half a second; the replica's generation is
+    cancelled (it would have run to 4,000 tokens), as it is for a client of its own."""
+    with cluster(settings, tiny_model, tmp_path, policy="round-robin") as ([router], replicas):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{router.base_url}/v1/chat/completions", json=body | {"temperature": 0}, timeout=0.5)
+        deadline = time.monotonic() + 30
+
+        def finished(reason: str) -> float:
+            found = 0.0
+            for replica in replicas:
+                text_ = httpx.get(f"{replica.base_url}/metrics").text
+                pattern = rf'^vllm:request_success_total{{[^}}]*finished_reason="{reason}"[^}}]*}} (\S+)'
+                found += sum(float(v) for v in re.findall(pattern, text_, re.M))
+            return found
+
+        while finished("cancelled") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert finished("cancelled") == 1 and finished("length") == 0

@@ -6,6 +6,7 @@ them). Tests use it as the in-memory double of Redis, with a clock they control.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -112,6 +113,14 @@ class MemoryIndex:
         for member in removed:
             self._forget(member)
         return removed
+
+    @_locked
+    def promote(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        for h in hashes:
+            member = member_name(namespace, h)
+            if self._entry(member) is not None:
+                entry, expires = self.entries_[member]
+                self.entries_[member] = (dataclasses.replace(entry, imported=False), expires)
 
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
         self.reclaim([member_name(namespace, block_hash)], force=True)

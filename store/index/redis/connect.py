@@ -23,6 +23,7 @@ miss at once; the caller's circuit breaker takes it from there). Redis >= 7.0 is
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -45,6 +46,23 @@ SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 _BOOL_OPTIONS = {"ssl", "ssl_check_hostname"}
 _TEXT_OPTIONS = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "username", "password"}
 _SENTINEL_OPTIONS = {"sentinel_username", "sentinel_password"}
+
+
+_SECRET_OPTION = re.compile(r"(?i)([?&][^=&]*(?:password|secret|token)[^=&]*=)[^&#]*")
+
+
+def redact_url(url: str) -> str:
+    """``url`` as logs and messages may show it: the password of its user info, and the value of
+    any query option naming a password, secret or token, replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}{':***' if colon else ''}@{hosts}"
+    return _SECRET_OPTION.sub(r"\1***", f"{scheme}://{netloc}{slash}{tail}")
 
 
 class RedisURLError(ValueError):
@@ -86,7 +104,8 @@ def redis_client(url: str, timeout_s: float) -> redis.Redis:
     if scheme in SCHEMES:
         return redis.Redis.from_url(url, **common)
     raise RedisURLError(
-        f"{url!r}: the scheme must be redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://"
+        f"{redact_url(url)!r}: the scheme must be redis://, rediss://, unix://, redis+cluster:// or "
+        "redis+sentinel://"
     )
 
 
@@ -138,7 +157,7 @@ def _parse(url: str, *, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str
     for item in hosts.split(","):
         host, _, port = item.strip().rpartition(":")
         if not host or not port.isdigit():
-            raise RedisURLError(f"{url!r}: {item!r} is not host:port")
+            raise RedisURLError(f"{redact_url(url)!r}: {item.rpartition('@')[2]!r} is not host:port")
         nodes.append((host.strip("[]"), int(port)))
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name in _BOOL_OPTIONS:
@@ -146,7 +165,7 @@ def _parse(url: str, *, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str
         elif name in _TEXT_OPTIONS | _SENTINEL_OPTIONS:
             options[name] = value
         else:
-            raise RedisURLError(f"{url!r}: unknown option {name!r}")
+            raise RedisURLError(f"{redact_url(url)!r}: unknown option {name!r}")
     return nodes, parts.path, {k: v for k, v in options.items() if v is not None}
 
 

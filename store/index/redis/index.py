@@ -44,6 +44,7 @@ class RedisIndex:
         self._match = client.register_script(scripts.MATCH)
         self._publish = client.register_script(scripts.PUBLISH)
         self._forget = client.register_script(scripts.FORGET)
+        self._promote = client.register_script(scripts.PROMOTE)
         self._hot: RedisHotPrefixes | None = None
 
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
@@ -181,6 +182,10 @@ class RedisIndex:
         for ns, group in by_namespace.items():
             removed += self._forget_members(ns, group, "force" if force else "reclaim")
         return removed
+
+    def promote(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        """Clear the imported mark of blocks (one script, one round trip)."""
+        self._promote(keys=[self.block_key(namespace, h) for h in hashes])
 
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
         """Remove a block's entry (after it failed verification or its blob vanished)."""

@@ -85,6 +85,19 @@ def publish_arguments(
     return out_keys, args
 
 
+# PROMOTE: clear the "imported" mark of blocks their audit confirmed (each TTL kept).
+#   KEYS[i] block i's entry key
+PROMOTE = """
+for i = 1, #KEYS do
+  local entry = redis.call('GET', KEYS[i])
+  if entry then
+    local doc = cjson.decode(entry)
+    doc['imported'] = nil
+    redis.call('SET', KEYS[i], cjson.encode(doc), 'KEEPTTL')
+  end
+end
+"""
+
 # FORGET: remove members from one namespace's index: those given as evicted (still at the LRU
 # score the caller read: not used since), or whose entry is gone (reclaim), or all (force).
 #   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[3 + i] member i's entry key

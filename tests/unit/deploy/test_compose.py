@@ -27,7 +27,7 @@ def proxies() -> dict:
 def test_services_and_dependencies() -> None:
     """redis with a healthcheck; two proxy replicas built here, waiting for a healthy redis."""
     services = compose()["services"]
-    assert set(services) == {"redis", "proxy", "proxy-2", "router", "prometheus", "grafana"}
+    assert set(services) == {"keys", "redis", "proxy", "proxy-2", "router", "prometheus", "grafana"}
     assert "healthcheck" in services["redis"]
     for proxy in proxies().values():
         assert proxy["build"] == "." and "healthcheck" in proxy
@@ -61,7 +61,7 @@ def test_replicas_share_blobs_and_publish_distinct_ports() -> None:
         host, container = mapping.split(":")
         assert container == port and f"EXPOSE {port}" in (ROOT / "Dockerfile").read_text()
         published.append(host)
-        mounts = dict(v.split(":") for v in proxy["volumes"])
+        mounts = dict(v.split(":")[:2] for v in proxy["volumes"])
         assert mounts["blobs"] == proxy["environment"]["KVPROXY_BLOB_DIR"]
         assert mounts["models"] == proxy["environment"]["KVPROXY_CACHE_DIR"]
         assert set(mounts) <= set(doc["volumes"])
@@ -140,21 +140,25 @@ def test_monitoring_images_are_pinned_and_published() -> None:
     assert mounts(services["prometheus"])["/prometheus"] in compose()["volumes"]
 
 
-def test_prometheus_scrapes_every_kvproxy_service() -> None:
-    """The scrape targets are the replicas and the router, by service name and container port, on
-    /metrics; the stack sets no admin key or API keys, so the scrapes need no token."""
+def test_the_stack_is_closed_by_an_admin_key_prometheus_holds() -> None:
+    """Every kvproxy service requires the admin key the `keys` service writes once into the keys
+    volume (none is written in this repository); Prometheus scrapes the replicas and the router,
+    by service name and container port, on /metrics, with that same file."""
     services = compose()["services"]
     kvproxy = {name: s for name, s in services.items() if name.startswith("proxy") or name == "router"}
+    (key_file,) = {s["environment"]["KVPROXY_ADMIN_KEY"] for s in kvproxy.values()}
+    writer = services["keys"]
+    assert key_file in " ".join(writer["command"]) and "secrets.token_urlsafe" in " ".join(writer["command"])
+    for name in (*kvproxy, "prometheus"):
+        assert mounts(services[name])[str(Path(key_file).parent)] == "keys", name
+        assert services[name]["depends_on"]["keys"]["condition"] == "service_completed_successfully"
     targets = {}
     for job in prometheus_config()["scrape_configs"]:
         assert job["metrics_path"] == "/metrics"
-        assert not {"authorization", "bearer_token", "bearer_token_file", "basic_auth"} & set(job)
+        assert job["authorization"] == {"type": "Bearer", "credentials_file": key_file}
         for static in job["static_configs"]:
             targets.update(t.split(":") for t in static["targets"])
     assert targets == {name: s["environment"]["KVPROXY_PORT"] for name, s in kvproxy.items()}
-    for service in kvproxy.values():
-        assert not {"KVPROXY_ADMIN_KEY", "KVPROXY_API_KEYS"} & set(service["environment"])
-        assert not any(word.startswith(("--admin-key", "--api-keys")) for word in service.get("command", []))
     assert "ADMIN_KEY" not in (ROOT / "Dockerfile").read_text()
 
 

@@ -55,3 +55,13 @@ def test_route_namespaces_separate_tenants_models_and_hashing() -> None:
     assert len(spaces) == 5
     kv = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
     assert kv not in spaces
+
+
+def test_the_router_renders_no_template_from_a_request(tiny_model) -> None:
+    """A body's ``chat_template_kwargs`` cannot hand the router a template: the key of a chat with
+    a hostile template is the key of the same chat without it (what the replica renders)."""
+    identity = Identity(tiny_model.tokenizer, "fp")
+    body = chat({"role": "user", "content": "x" * 300})
+    bomb = "{% for a in range(9999) %}{% for b in range(9999) %}{{ a }}{% endfor %}{% endfor %}"
+    hostile = identity.prompt("chat", body | {"chat_template_kwargs": {"chat_template": bomb}}, "t")
+    assert hostile.hashes == identity.prompt("chat", body, "t").hashes and hostile.block_size == BLOCK_SIZE
