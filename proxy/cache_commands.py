@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import sys
 from collections.abc import Callable
@@ -197,6 +198,8 @@ def open_admin(**flags: Any) -> Any:
     from proxy.stores import open_admin as open_store_admin
 
     settings = load_settings(**flags)
+    # NOTE: the store's own warnings are a server's log lines; a command says what failed itself
+    logging.getLogger("store").setLevel(logging.CRITICAL)
     admin = open_store_admin(settings)
     if admin.health() != "ok":
         fail(f"Redis at {redact_url(settings.redis_url)} is unreachable; set --redis-url")
@@ -218,7 +221,10 @@ def cache_stats(**flags: Any) -> None:
 @option("--grace", type=float, default=60.0, show_default=True, help="Seconds an unindexed blob is kept.")
 def cache_gc(grace: float, **flags: Any) -> None:
     """Reconcile index and blob store: reclaim expired, orphaned and unindexed blocks."""
-    found = open_admin(**flags).gc(grace)
+    try:
+        found = open_admin(**flags).gc(grace)
+    except OSError as exc:
+        fail(f"the blob store failed during the collection: {exc}")
     if found is None:  # NOTE: Redis answered the ping, then failed during the collection
         fail("Redis stopped answering during the collection; nothing more was done")
     click.echo(json.dumps(dataclasses.asdict(found), indent=2))
@@ -233,6 +239,8 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
         raise click.BadParameter("a namespace is 32 lowercase hex digits", param_hint="--namespace")
     try:
         removed = open_admin(**flags).clear(namespace)
+    except OSError as exc:
+        fail(f"the blob store failed while clearing: {exc}")
     except StoreUnavailable:
         fail("Redis stopped answering while clearing; nothing more was done")
     click.echo(json.dumps({"removed_blocks": removed}))

@@ -226,15 +226,18 @@ class BlockWriter:
                     Publication(block.block_hash, item.parent, block.index, entry, item.ttl_s, created)
                 )
             stored[i] = needed
-        if publications:
-            self._index(namespace, publications)
+        total = self._index(namespace, publications) if publications else None
         for item, done in zip(batch, stored, strict=True):
             if done is not None:
                 parts.ram.put(namespace, item.block)
+        # NOTE: after the RAM tier took the batch, so a block evicted now leaves it too
+        if total is not None and self.max_bytes is not None and total > self.max_bytes:
+            self.evict_to_budget()
         return Published(stored, failure)
 
-    def _index(self, namespace: Namespace, publications: list[Publication]) -> None:
-        """Publish the entries of blobs just written, count them, keep within the budget.
+    def _index(self, namespace: Namespace, publications: list[Publication]) -> int:
+        """Publish the entries of blobs just written and count them; returns the bytes the
+        blob store holds now.
 
         Raises:
             StoreUnavailable: the index failed (the blobs stay for the collector).
@@ -247,5 +250,4 @@ class BlockWriter:
             raise StoreUnavailable("the index (Redis) is unreachable")
         parts.recorder.add(blocks_saved=len(publications))
         self.share(namespace, blocks_saved=len(publications))
-        if self.max_bytes is not None and total > self.max_bytes:
-            self.evict_to_budget()
+        return total

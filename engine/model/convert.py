@@ -64,6 +64,8 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m engine.model.convert GGUF_FILE TARGET_DIR")
     try:
         convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
     except ModelError as exc:

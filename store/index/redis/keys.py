@@ -16,7 +16,7 @@ the cluster's nodes. A block's *member* name is ``{ns_hex}:b:{hash_hex}`` (no br
     ``{prefix}namespaces``       set of every namespace that ever published (for the global totals)
     ``{prefix}{{ns}}:hot``, ``:hot:hits``, ``:hot:root``  the namespace's hot prefixes: a sorted
                                  set of deepest block hashes by tokens saved, their hits, and
-                                 their block 0 and length (``store.hot``)
+                                 their block 0 and length (``store.index.redis.hot``)
     (``store.index.redis.counters`` keeps a namespace's counters under ``{prefix}{{ns}}:stats`` and ``:tok:``,
     the deployment's under ``{prefix}stats`` and ``{prefix}tok:all:``)
 

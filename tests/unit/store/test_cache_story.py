@@ -129,6 +129,19 @@ def test_the_budget_evicts_the_tail_of_a_chain_first(clock, tmp_path) -> None:
     assert cache.admin.usage() == (2, two_blocks)
 
 
+def test_a_block_evicted_by_the_budget_leaves_the_ram_tier_too(clock, tmp_path) -> None:
+    """The RAM tier holds what the index holds: the block the budget evicted from the batch just
+    saved is not kept in process memory."""
+    probe = cache_on(MemoryIndex(clock), FileBlobStore(tmp_path / "probe"))
+    stored(probe, 2)
+    two_blocks = probe.admin.usage()[1]
+    cache = cache_on(
+        MemoryIndex(clock), FileBlobStore(tmp_path / "blobs"), max_bytes=two_blocks, ram_bytes=1 << 30
+    )
+    stored(cache)
+    assert len(cache.parts.ram) == 2 and cache.parts.ram.get(NS, HASHES[2]) is None
+
+
 def test_the_collector_reclaims_expired_orphaned_and_unindexed_blocks(clock, tmp_path) -> None:
     """Block 0 expired (so 1 and 2 are orphans) and a stray file: all reclaimed, nothing left."""
     index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path)

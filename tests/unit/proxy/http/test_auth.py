@@ -1,4 +1,4 @@
-"""proxy/auth.py: API keys name tenants; keys naming one tenant share its cache."""
+"""proxy/http/auth.py: API keys name tenants; keys naming one tenant share its cache."""
 
 from __future__ import annotations
 

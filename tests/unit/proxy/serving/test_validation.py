@@ -1,4 +1,4 @@
-"""proxy/validation.py and proxy/protocol.py: what a body may ask, and the TTL it gets."""
+"""proxy/serving/validation.py and proxy/openai/protocol.py: what a body may ask, and the TTL it gets."""
 
 from __future__ import annotations
 

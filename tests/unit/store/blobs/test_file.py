@@ -1,4 +1,4 @@
-"""store/blobs.py and store/s3.py: the blob-store contract on both backends (create-only writes
+"""store/blobs/file.py and store/blobs/s3.py: the blob-store contract on both backends (create-only writes
 that survive a race, scans that name their blocks, faults as OSError), and what only files have
 (FIFOs, leftover temporary files)."""
 
