@@ -1,6 +1,10 @@
 # kvproxy: an OpenAI-compatible server with a persistent, shared prefix KV cache.
 FROM python:3.11-slim
 
+# NOTE: a C++ compiler: the native decode step is built at the first start, for the CPU it runs
+# on (engine/kernels/build.py); without one the server decodes with torch, several times slower.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
+
 # NOTE: the CPU build of torch, from PyTorch's CPU wheel index: the default PyPI wheel carries
 # several GB of CUDA libraries this image never uses.
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu

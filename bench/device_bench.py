@@ -25,7 +25,7 @@ from bench.servers import serve
 
 FORMATS = {
     "cuda": [("bfloat16", "full"), ("float32", "full")],
-    "cpu": [("bfloat16", "int8"), ("float32", "full")],
+    "cpu": [("bfloat16", "full"), ("float32", "full")],
 }
 
 

@@ -1,16 +1,17 @@
 """The decode step: the next token of every running sequence in one pass over the weights.
 
-Two implementations of one contract (``Decoder``):
+Three implementations of one contract (``Decoder``):
 
+- ``engine.kernels.native.NativeDecoder``: the whole step in one C++ call, on the source's block
+  codes (``source`` weights) or float32 rows; pre-norm Llama-family decoders on the CPU.
 - ``LeanDecoder`` walks the model's own modules (norms, projections, rotary embedding, MLP, head)
   layer by layer with nothing else: no masks to build, no output recording, no cache objects
   beyond each sequence's own K/V. For a small model on a CPU, transformers' general forward
   spends more time in Python than in arithmetic for one token; this step does not.
 - ``TransformersDecoder`` is transformers' own forward (``engine.forward``), for every model.
 
-``pick_decoder`` uses the lean step only for models whose layers have the standard pre-norm
-shape (Llama, Mistral, Qwen2, Qwen3, Phi-3, ...) and only after checking, on the loaded model,
-that it computes the same logits as transformers' forward; anything else decodes through
+``pick_decoder`` takes the first of native, lean that supports the model and, checked on the
+loaded model, computes the same logits as transformers' forward; anything else decodes through
 transformers. Prefill always runs transformers' forward.
 """
 
@@ -18,17 +19,18 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
 
 from engine.forward import decode_batch, decode_step, prefill
+from engine.kernels.native import NativeDecoder
+from engine.kernels.native import unsupported as native_unsupported
 from engine.kv import BufferPool, past_from_blocks
 from engine.lean_layers import LayerStep, decode_fn
-from engine.model.loading import sliding_window
-from engine.model.quantize import decode_kernels
+from engine.model.loading import LoadedModel, sliding_window
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +58,9 @@ class TransformersDecoder:
     def __call__(
         self, token_ids: Sequence[int], pasts: Sequence[DynamicCache], positions: Sequence[int]
     ) -> torch.Tensor:
-        with decode_kernels():
-            if len(token_ids) == 1:
-                return decode_step(self.model, token_ids[0], pasts[0], positions[0]).unsqueeze(0)
-            return decode_batch(self.model, token_ids, pasts, positions)
+        if len(token_ids) == 1:
+            return decode_step(self.model, token_ids[0], pasts[0], positions[0]).unsqueeze(0)
+        return decode_batch(self.model, token_ids, pasts, positions)
 
 
 class LeanDecoder:
@@ -116,43 +117,63 @@ class LeanDecoder:
         rows = len(token_ids)
         x = self.embed(torch.tensor(token_ids, device=device))  # [rows, hidden]
         cos, sin = self.rotary(x, torch.tensor(positions, device=device).view(rows, 1))  # [rows, 1, head_dim]
-        with decode_kernels():
-            for i, step in enumerate(self.layers):
-                x = step(x, cos, sin, [past.layers[i] for past in pasts])
-            return self.head(self.norm(x)).float()
+        for i, step in enumerate(self.layers):
+            x = step(x, cos, sin, [past.layers[i] for past in pasts])
+        return self.head(self.norm(x)).float()
 
 
-def pick_decoder(model: Any, like: torch.Tensor) -> Decoder:
-    """The lean step when it supports ``model`` and agrees with transformers' forward on it (one
-    decode step after a short prefill, batched and alone); else transformers' forward.
+def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decoder:
+    """The fastest step that supports the model and agrees with transformers' forward on it (one
+    decode step after a short prefill, batched and alone): the native step (on the source's codes
+    in the ``source`` format), else the lean step, else transformers' forward.
 
     Args:
         like: a tensor ``[num_layers, num_kv_heads, any, head_dim]`` of the K/V dtype and device.
+        threads: the native step's OpenMP team size.
     """
+    model = loaded.model
     reference = TransformersDecoder(model)
-    reason = LeanDecoder.unsupported(model)
-    if reason is None:
-        lean = LeanDecoder(model)
+    candidates: list[tuple[str, Callable[[], Decoder] | str]] = []
+    lib = loaded.kernels
+    if lib is None:
+        candidates.append(("native", "it was not built"))
+    elif loaded.device.type != "cpu":
+        candidates.append(("native", "it runs on the CPU"))
+    else:
+        reason = native_unsupported(model)
+        candidates.append(("native", reason or (lambda: NativeDecoder(model, loaded.codes, lib, threads))))
+    lean_reason = LeanDecoder.unsupported(model)
+    candidates.append(("lean", lean_reason if lean_reason is not None else lambda: LeanDecoder(model)))
+    skipped = []
+    for name, make in candidates:
+        if isinstance(make, str):
+            skipped.append(f"{name}: {make}")
+            continue
         try:
-            difference = _disagreement(lean, reference, like)
-        except Exception as exc:  # a module that does not fit the lean step's wiring
-            reason = f"it failed on this model ({type(exc).__name__}: {exc})"
-        else:
-            scale = 1e-4 if like.dtype == torch.float32 else 1e-2
-            if difference <= scale:
-                log.info("decode step: lean (max relative logit difference to transformers %.1e)", difference)
-                return lean
-            reason = f"its logits differ from transformers' by {difference:.2e} (relative)"
-    log.info("decode step: transformers' forward (the lean step does not apply: %s)", reason)
+            decoder = make()
+            difference = _disagreement(decoder, reference, like)
+        except Exception as exc:  # a module that does not fit the step's wiring
+            skipped.append(f"{name}: it failed on this model ({type(exc).__name__}: {exc})")
+            continue
+        scale = 1e-4 if like.dtype == torch.float32 else 1e-2
+        if difference <= scale:
+            log.info(
+                "decode step: %s (max relative logit difference %.1e)",
+                decoder.name,
+                difference,
+            )
+            return decoder
+        skipped.append(f"{name}: its logits differ from transformers' by {difference:.2e} (relative)")
+    log.info("decode step: transformers' forward (%s)", "; ".join(skipped))
     return reference
 
 
-def _disagreement(lean: LeanDecoder, reference: TransformersDecoder, like: torch.Tensor) -> float:
+def _disagreement(candidate: Decoder, reference: TransformersDecoder, like: torch.Tensor) -> float:
     """Max |lean - reference| logits over two decode steps, relative to the largest logit."""
     pool = BufferPool(like, keep=0, granule=16)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
     results = []
-    for decoder in (lean, reference):
+    for decoder in (candidate, reference):
         pasts = [past_from_blocks([], 0, pool.acquire(len(p) + 2)) for p in prompts]
         with torch.inference_mode():
             for prompt, past in zip(prompts, pasts, strict=True):

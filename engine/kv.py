@@ -6,6 +6,7 @@ Blocks are ``[num_layers, num_kv_heads, 128, head_dim]``; the model's cache (tra
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from typing import cast
@@ -45,10 +46,7 @@ class GrowingLayer(DynamicLayer):
         """Append ``key_states``/``value_states`` ``[batch, num_kv_heads, new, head_dim]``;
         returns the K/V of every position so far."""
         end = self.length + key_states.shape[-2]
-        if end > self._key_buffer.shape[-2]:
-            capacity = max(end, 2 * self._key_buffer.shape[-2])
-            self._key_buffer = _grown(self._key_buffer, self.length, capacity)
-            self._value_buffer = _grown(self._value_buffer, self.length, capacity)
+        self.reserve(end)
         self._key_buffer[:, :, self.length : end] = key_states
         self._value_buffer[:, :, self.length : end] = value_states
         return self._set_length(end)
@@ -56,10 +54,35 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    @property
+    def capacity(self) -> int:
+        """Positions the buffer holds before it must grow."""
+        return int(self._key_buffer.shape[-2])
+
+    def reserve(self, positions: int) -> None:
+        """Make room for ``positions`` positions (doubling the buffer, one copy, when short)."""
+        if positions > self.capacity:
+            capacity = max(positions, 2 * self.capacity)
+            self._key_buffer = _grown(self._key_buffer, self.length, capacity)
+            self._value_buffer = _grown(self._value_buffer, self.length, capacity)
+            self._set_length(self.length)
+
+    def buffer_pointers(self) -> tuple[int, int]:
+        """Addresses of the K and V buffers ``[1, num_kv_heads, capacity, head_dim]`` (contiguous),
+        where a native step writes new positions in place (then ``grow_to``)."""
+        assert self._key_buffer.is_contiguous() and self._value_buffer.is_contiguous()
+        return int(self._key_buffer.data_ptr()), int(self._value_buffer.data_ptr())
+
+    def grow_to(self, length: int) -> None:
+        """Positions ``[self.length, length)`` were written in place: they are part of the past now."""
+        assert length <= self.capacity, (length, self.capacity)
+        self._set_length(length)
+
 
 def _grown(buffer: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
     batch, heads, _, dim = buffer.shape
-    grown = buffer.new_empty((batch, heads, capacity, dim))
+    with torch.inference_mode(False):
+        grown = buffer.new_empty((batch, heads, capacity, dim))
     grown[:, :, :length] = buffer[:, :, :length]
     return grown
 
@@ -92,7 +115,10 @@ class BufferPool:
                 return self._free.pop(min(fits, key=lambda i: self._free[i][0].shape[3]))
         layers, heads, _, dim = self.like.shape
         size = (layers, 1, heads, -(-max(capacity, 1) // self.granule) * self.granule, dim)
-        return self.like.new_empty(size), self.like.new_empty(size)
+        # NOTE: never inference tensors (as made under the audit's inference mode): a buffer goes
+        # back to the pool, and the lookup stage then writes into it outside inference mode
+        with torch.inference_mode(False):
+            return self.like.new_empty(size), self.like.new_empty(size)
 
     def release(self, buffers: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Give a pair back; nothing may use it afterwards."""
@@ -103,7 +129,10 @@ class BufferPool:
 
 
 def past_from_blocks(
-    blocks: Sequence[KVBlock], num_tokens: int, buffers: tuple[torch.Tensor, torch.Tensor]
+    blocks: Sequence[KVBlock],
+    num_tokens: int,
+    buffers: tuple[torch.Tensor, torch.Tensor],
+    kernels: ctypes.CDLL | None = None,
 ) -> DynamicCache:
     """A cache holding the K/V of the first ``num_tokens`` tokens of ``blocks``, in ``buffers``.
 
@@ -116,6 +145,8 @@ def past_from_blocks(
             part (a fully cached prompt reuses 127 tokens of its last block).
         buffers: key and value ``[num_layers, 1, num_kv_heads, capacity, head_dim]``, e.g. from
             ``BufferPool.acquire``; their contents are overwritten.
+        kernels: the native library (``engine.kernels.build``): on the CPU, for float32, its
+            ``kvp_gather`` copies everything in one call (thousands of torch copies otherwise).
 
     Returns:
         A ``DynamicCache`` of ``GrowingLayer``s holding ``num_tokens`` positions.
@@ -128,6 +159,9 @@ def past_from_blocks(
     # than cores make every team's threads sleep between operations, which slows the model
     # thread's decode steps by a third. To an accelerator, from pinned memory, the copies are
     # asynchronous, ahead of the model on the same stream.
+    if kernels is not None and key.device.type == "cpu" and key.dtype == torch.float32 and blocks:
+        _gather(kernels, blocks, num_tokens, buffers)
+        return _past(buffers, num_tokens)
     pieces: list[tuple[int | slice, int | slice]] = [(slice(None), slice(None))]
     if key.device.type == "cpu":
         pieces = [(layer, head) for layer in range(key.shape[0]) for head in range(key.shape[2])]
@@ -139,9 +173,37 @@ def past_from_blocks(
         for layer, head in pieces:
             key[layer, 0, head, span].copy_(block.key[layer, head, :n], non_blocking=True)
             value[layer, 0, head, span].copy_(block.value[layer, head, :n], non_blocking=True)
+    return _past(buffers, num_tokens)
+
+
+def _past(buffers: tuple[torch.Tensor, torch.Tensor], num_tokens: int) -> DynamicCache:
+    key, value = buffers
     past = DynamicCache()
     past.layers = [GrowingLayer(key[i], value[i], num_tokens) for i in range(key.shape[0])]
     return past
+
+
+def _gather(
+    kernels: ctypes.CDLL,
+    blocks: Sequence[KVBlock],
+    num_tokens: int,
+    buffers: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    layers, _, heads, capacity, dim = buffers[0].shape
+    for target, part in zip(buffers, ("key", "value"), strict=True):
+        tensors = [getattr(b, part) for b in blocks]
+        assert target.is_contiguous() and all(t.is_contiguous() and t.dtype == torch.float32 for t in tensors)
+        pointers = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        kernels.kvp_gather(
+            ctypes.c_void_p(target.data_ptr()),
+            ctypes.c_int64(layers),
+            ctypes.c_int64(heads),
+            ctypes.c_int64(capacity),
+            ctypes.c_int64(dim),
+            pointers,
+            ctypes.c_int32(len(tensors)),
+            ctypes.c_int64(num_tokens),
+        )
 
 
 def blocks_from_past(

@@ -12,8 +12,6 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama import modeling_llama as _llama
 
-from engine.model.quantize import QuantizedLinear, can_fuse, fused
-
 
 def same_code(fn: Any, reference: Any) -> bool:
     """Whether ``fn`` is the same Python code as ``reference`` (transformers copies one function
@@ -38,15 +36,13 @@ def norm_fn(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def decode_fn(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """A layer's decode computation on ``[rows, features]``, without ``nn.Module.__call__``'s
-    hook machinery: the quantized kernel itself for a quantized layer."""
-    return module.rows_kernel() if isinstance(module, QuantizedLinear) else module.forward
+    hook machinery."""
+    return cast(Callable[[torch.Tensor], torch.Tensor], module.forward)
 
 
 class LayerStep:
     """One pre-norm decoder layer for one new token per row (activations ``[rows, hidden]``): the
-    same operations, in the same order, as transformers' forward of that layer, with the
-    projections that share their input computed by one quantized kernel (bit for bit the same:
-    the kernels compute every output column on its own)."""
+    same operations, in the same order, as transformers' forward of that layer."""
 
     def __init__(self, layer: Any, rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
         attn, mlp = layer.self_attn, layer.mlp
@@ -60,16 +56,16 @@ class LayerStep:
         projections = (
             [attn.qkv_proj] if hasattr(attn, "qkv_proj") else [attn.q_proj, attn.k_proj, attn.v_proj]
         )
-        self.qkv = [decode_fn(p) for p in fuse(projections)]
-        # NOTE: with q, k, v from one kernel and Llama's rotation, q and k are rotated in one go
-        # (the same element-wise operations, on both at once).
+        self.qkv = [decode_fn(p) for p in projections]
+        # NOTE: with q, k, v from one projection and Llama's rotation, q and k are rotated in one
+        # go (the same element-wise operations, on both at once).
         self.joint_rope = (
             len(self.qkv) == 1 and self.q_norm is None and same_code(rope, _llama.apply_rotary_pos_emb)
         )
         self.o = decode_fn(attn.o_proj)
         self.mlp: Callable[[torch.Tensor], torch.Tensor] = mlp.forward
         if all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            gate_up = [decode_fn(p) for p in fuse([mlp.gate_proj, mlp.up_proj])]
+            gate_up = [decode_fn(p) for p in (mlp.gate_proj, mlp.up_proj)]
             act = F.silu if isinstance(mlp.act_fn, torch.nn.SiLU) else mlp.act_fn
             self.mlp = GatedMlp(gate_up, mlp.gate_proj.out_features, act, decode_fn(mlp.down_proj))
 
@@ -124,8 +120,3 @@ class GatedMlp:
         else:
             gate, up = (p(x) for p in self.gate_up)
         return self.down(self.act(gate) * up)
-
-
-def fuse(projections: list[Any]) -> list[Any]:
-    """Projections of one input as one fused quantized layer where they can fuse; else as they are."""
-    return [fused(projections)] if len(projections) > 1 and can_fuse(projections) else projections

@@ -9,6 +9,7 @@ is computed as a miss.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
 import threading
@@ -19,7 +20,6 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache
 
-from engine.forward import prefill_chunks
 from engine.kv import BufferPool, past_from_blocks
 from engine.model.loading import LoadedModel
 from engine.sequence import Sequence as Seq
@@ -50,16 +50,17 @@ def load_prefix(
     buffers: tuple[torch.Tensor, torch.Tensor],
     ttl_s: TtlPlan = None,
     count: bool = True,
+    kernels: ctypes.CDLL | None = None,
 ) -> LoadedPrefix:
     """Look up the longest cached prefix of ``prompt_ids`` and copy it into ``buffers`` (see
-    ``engine.kv.past_from_blocks``); ``cache`` None is ``--no-cache``; ``count`` as in
-    ``PrefixCache.lookup``."""
+    ``engine.kv.past_from_blocks``, with ``kernels``); ``cache`` None is ``--no-cache``;
+    ``count`` as in ``PrefixCache.lookup``."""
     match = PrefixMatch([], MissReason.DISABLED)
     if cache is not None:
         match = cache.lookup(namespace, prompt_ids, ttl_s=ttl_s, count=count)
     reused = reusable_tokens(len(prompt_ids), match.num_blocks)
     return LoadedPrefix(
-        past_from_blocks(match.blocks, reused, buffers), reused, match.num_blocks, match.miss_reason
+        past_from_blocks(match.blocks, reused, buffers, kernels), reused, match.num_blocks, match.miss_reason
     )
 
 
@@ -104,11 +105,15 @@ class PrefixLoader:
         seq.buffers = self.buffers.acquire(seq.n + min(request.max_tokens, INITIAL_ROOM_TOKENS))
         namespace = self.loaded.namespace(request.tenant)
         prefix = load_prefix(
-            self.cache, namespace, request.prompt_ids, seq.buffers, request.cache_ttl_s, not request.prewarm
+            self.cache,
+            namespace,
+            request.prompt_ids,
+            seq.buffers,
+            request.cache_ttl_s,
+            not request.prewarm,
+            self.loaded.kernels,
         )
         seq.past, seq.cached_tokens = prefix.past, prefix.cached_tokens
         seq.cached_blocks, seq.miss_reason = prefix.cached_blocks, prefix.miss_reason
-        suffix = request.prompt_ids[prefix.cached_tokens :]
-        seq.chunks = prefill_chunks(self.loaded.model, suffix, prefix.past, prefix.cached_tokens)
         seq.load_s = time.perf_counter() - start
         seq.state = State.PREFILLING

@@ -11,13 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from engine.audit import Auditor
 from engine.decoding import Decoder
+from engine.forward import prefill_chunks
 from engine.kv import BufferPool, blocks_from_past
 from engine.model.loading import LoadedModel
 from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
@@ -28,6 +30,11 @@ from hashing import BLOCK_SIZE, num_full_blocks
 from store.interface import PrefixCache
 
 log = logging.getLogger(__name__)
+
+STEPPED_SUFFIX_TOKENS = 16
+"""The longest uncached suffix fed through the native decode step one token at a time rather than
+transformers' forward (whose fixed cost per call, on a long past, is many decode steps').
+"""
 
 
 @dataclass
@@ -86,6 +93,8 @@ class Runner:
         if seq.cancelled:
             self._end(seq, "cancelled")
             return
+        if seq.chunks is None:
+            seq.chunks = self._chunks(seq)
         logits = next(seq.chunks)
         if seq.fed < seq.n:
             return
@@ -110,6 +119,24 @@ class Runner:
         self._save(seq, seq.request.prompt_ids, seq.cached_blocks, num_full_blocks(n))
         if reason is not None:
             self._end(seq, reason)
+
+    def _chunks(self, seq: Sequence) -> Iterator[torch.Tensor]:
+        """The prefill of the uncached suffix: in chunks through transformers' forward, or, for a
+        suffix of at most ``STEPPED_SUFFIX_TOKENS`` (a full or near-full hit) and the native step,
+        token by token through the decode step, which on a long past is many times faster."""
+        start = seq.cached_tokens
+        suffix = seq.request.prompt_ids[start:]
+        assert seq.past is not None
+        if len(suffix) <= STEPPED_SUFFIX_TOKENS and self.decoder.name.startswith("native"):
+            return self._stepped(seq.past, suffix, start)
+        return prefill_chunks(self.loaded.model, suffix, seq.past, start)
+
+    def _stepped(self, past: Any, suffix: tuple[int, ...], start: int) -> Iterator[torch.Tensor]:
+        logits = None
+        for i, token in enumerate(suffix):
+            logits = self.decoder([token], [past], [start + i])[0]
+        assert logits is not None
+        yield logits
 
     def _decode(self, *sequences: Sequence) -> None:
         """Feed every sequence's last token in one forward pass and sample the next ones."""

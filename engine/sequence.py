@@ -55,7 +55,7 @@ class Sequence:
     cached_blocks: int = 0  # k
     miss_reason: MissReason | None = None
     load_s: float = 0.0
-    chunks: Iterator[torch.Tensor] = field(default_factory=lambda: iter(()))
+    chunks: Iterator[torch.Tensor] | None = None  # the prefill's steps, made on the model thread
     generated: list[int] = field(default_factory=list)
     error: BaseException | None = None  # the lookup stage failed
     audit: AuditCapture | None = None  # a hit sampled for the fidelity audit

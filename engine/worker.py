@@ -48,6 +48,7 @@ class Engine:
         max_queue: requests waiting beyond the admitted ones; more raise ``EngineBusy``.
         max_batch: most requests admitted at once (loading, prefilling or decoding together).
         audit_rate: fraction of cache hits recomputed cold in idle time (``engine.audit``).
+        decode_threads: threads of the native decode step (None: torch's thread count).
     """
 
     def __init__(
@@ -57,8 +58,10 @@ class Engine:
         max_queue: int = 64,
         max_batch: int = 4,
         audit_rate: float = 0.0,
+        decode_threads: int | None = None,
     ) -> None:
         self.loaded, self.cache, self.audit_rate = loaded, cache, audit_rate
+        self.decode_threads = decode_threads or torch.get_num_threads()
         use_batched_attention(loaded.model)
         spec = loaded.kv_spec
         like = torch.empty(
@@ -85,7 +88,7 @@ class Engine:
 
     def _run(self, like: torch.Tensor) -> None:
         try:
-            self.decoder = pick_decoder(self.loaded.model, like)
+            self.decoder = pick_decoder(self.loaded, like, self.decode_threads)
             parts = (self.loaded, self.cache, self.buffers, self.decoder)
             self.auditor = Auditor(*parts, self.audit_rate)
             self.runner = Runner(*parts, self.auditor)

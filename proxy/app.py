@@ -58,7 +58,14 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             names = tuple(n.strip() for n in settings.served_model_name.split(",") if n.strip())
             model = dataclasses.replace(model, name=names[0], aliases=names)
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)
-        engine = Engine(model, block_cache, settings.max_queue, settings.max_batch, settings.audit_rate)
+        engine = Engine(
+            model,
+            block_cache,
+            settings.max_queue,
+            settings.max_batch,
+            settings.audit_rate,
+            settings.decode_threads,
+        )
         admin = block_cache.admin if block_cache is not None else None
         app.state.settings, app.state.cache, app.state.engine = settings, admin, engine
         app.state.started = time.time()

@@ -95,7 +95,7 @@ def prewarm(file: Path, base_url: str, api_key: str | None) -> None:
                 try:
                     response = http.post("/cache/prewarm", json=body)
                 except httpx.HTTPError as exc:
-                    fail(f"cannot reach {base_url}: {exc}")
+                    fail(f"cannot reach {redact_url(base_url)}: {exc}")
                 if response.status_code in (401, 403):
                     fail(error_text(response))
                 outcome = response.json() if response.status_code == 200 else error_text(response)
@@ -146,7 +146,7 @@ def export(
             blocks, skipped = (int(response.headers.get(f"x-kvproxy-{h}", 0)) for h in ("blocks", "skipped"))
     except httpx.HTTPError as exc:
         partial.unlink(missing_ok=True)
-        fail(f"cannot reach {base_url}: {exc}")
+        fail(f"cannot reach {redact_url(base_url)}: {exc}")
     partial.replace(out)
     click.echo(
         json.dumps({"out": str(out), "blocks": blocks, "skipped": skipped, "bytes": out.stat().st_size})
@@ -168,7 +168,7 @@ def import_(snapshot: Path, base_url: str, api_key: str | None) -> None:
             headers = {"Content-Type": "application/x-tar"}
             response = http.post("/cache/import", content=file, headers=headers)
     except httpx.HTTPError as exc:
-        fail(f"cannot reach {base_url}: {exc}")
+        fail(f"cannot reach {redact_url(base_url)}: {exc}")
     if response.status_code != 200:
         fail(error_text(response))
     report = response.json()

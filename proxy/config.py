@@ -41,6 +41,24 @@ def parse_bytes(value: object) -> object:
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 
 
+def key_file(value: str, flag: str) -> Path | None:
+    """The file a key setting names, or None when the value is a key itself: an existing file, or
+    a path (absolute, or from ``./``, ``../`` or ``~``), which must exist.
+
+    NOTE: a missing file is an error, never the key: a key file not mounted yet must not turn its
+    own path into a key anyone can read in the configuration.
+
+    Raises:
+        ValueError: a path to no file.
+    """
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    if value.startswith(("/", "./", "../", "~")):
+        raise ValueError(f"{flag} names the file {value}, which does not exist")
+    return None
+
+
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "kvproxy"
 
@@ -97,9 +115,10 @@ class ServerSettings(BaseSettings):
     @field_validator("admin_key")
     @classmethod
     def _key_or_file(cls, value: str | None) -> str | None:
-        """The key, read from the file it names when it names one; an empty key is no key."""
-        if value is not None and Path(value).expanduser().is_file():
-            value = Path(value).expanduser().read_text().strip()
+        """The key, read from the file it names when it names one (``key_file``); an empty key is
+        no key."""
+        if value is not None and (path := key_file(value, "--admin-key")) is not None:
+            value = path.read_text().strip()
         return value or None
 
     @field_validator("redis_url")
@@ -145,9 +164,14 @@ class Settings(ServerSettings):
         "auto",
         description="Activation and KV dtype; auto: float32, the exact mode.",
     )
-    weights: Literal["auto", "full", "int4", "int8"] = Field(
+    weights: Literal["auto", "source", "full"] = Field(
         "auto",
-        description="Weight format of the linear layers; auto: full.",
+        description="What the decode step computes on: source (the GGUF file's own block codes, in "
+        "float32) or full (the checkpoint's weights); auto: source where the model has a GGUF source, "
+        "the dtype is float32, the device the CPU and a C++ compiler is found, else full.",
+    )
+    decode_threads: int | None = Field(
+        None, ge=1, description="Threads of the native decode step (default: torch's, the cores)."
     )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     default_max_tokens: int = Field(
@@ -190,6 +214,11 @@ class Settings(ServerSettings):
                 "give --blob-dir or --blob-url, not both (--blob-dir DIR is --blob-url file://DIR)"
             )
         url = urlsplit(self.blob_url)
+        if "@" in url.netloc:
+            raise ValueError(
+                f"--blob-url {redact_url(self.blob_url)!r} carries credentials: give them the AWS way "
+                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, a profile or a role)"
+            )
         if not (url.scheme == "s3" and url.netloc) and not (
             url.scheme == "file" and url.path and not url.netloc
         ):

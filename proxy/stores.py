@@ -38,7 +38,7 @@ def blob_budget(settings: Settings) -> int:
         return settings.max_cache_bytes
     if urlsplit(settings.blob_location).scheme == "s3":
         raise ValueError(
-            f"--blob-url {settings.blob_location} needs a byte budget: set --max-cache-bytes "
+            f"--blob-url {redact_url(settings.blob_location)} needs a byte budget: set --max-cache-bytes "
             "(KVPROXY_MAX_CACHE_BYTES), e.g. 100GB"
         )
     settings.blob_root.mkdir(parents=True, exist_ok=True)

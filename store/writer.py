@@ -208,6 +208,10 @@ class BlockWriter:
         # NOTE: a blob that cannot be indexed is never written
         missing = self.missing(namespace, [s.block.block_hash for s in batch])
         stored: list[bool | None] = [None] * len(batch)
+        # NOTE: the RAM tier takes a block only as the index serves it: one this process computed
+        # for those tokens, or the one whose blob it just wrote; never an import's copy of a block
+        # already indexed (whose blob holds someone else's bytes)
+        kept = [not needed and item.data is None for item, needed in zip(batch, missing, strict=True)]
         publications: list[Publication] = []
         failure: OSError | None = None
         for i, (item, needed) in enumerate(zip(batch, missing, strict=True)):
@@ -215,7 +219,9 @@ class BlockWriter:
             if needed:
                 data = item.data or encode_block(block, namespace, item.parent, self.spec)
                 try:
-                    parts.blobs.write(namespace, block.block_hash, data)
+                    # NOTE: a blob already there (its entry expired, the file not yet collected) is
+                    # kept, create-only: the entry then names its bytes, not ours
+                    kept[i] = parts.blobs.write(namespace, block.block_hash, data)
                 except OSError as exc:
                     parts.recorder.add(save_errors=1)
                     failure = exc
@@ -227,8 +233,8 @@ class BlockWriter:
                 )
             stored[i] = needed
         total = self._index(namespace, publications) if publications else None
-        for item, done in zip(batch, stored, strict=True):
-            if done is not None:
+        for item, done, keep in zip(batch, stored, kept, strict=True):
+            if done is not None and keep:
                 parts.ram.put(namespace, item.block)
         # NOTE: after the RAM tier took the batch, so a block evicted now leaves it too
         if total is not None and self.max_bytes is not None and total > self.max_bytes:

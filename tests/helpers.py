@@ -142,6 +142,63 @@ def build_tiny_model(path: Path, seed: int = 0, family: str = "llama", **config_
     return path
 
 
+SOURCE_KINDS = {
+    "attn_q": "Q4_1",
+    "attn_k": "Q4_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q4_1",
+    "ffn_gate": "Q4_1",
+    "ffn_up": "Q4_0",
+    "ffn_down": "Q4_1",
+    "token_embd": "Q8_0",
+    "output": "Q4_1",
+}
+"""A tiny source model's GGUF types per tensor: every block type the native step computes on."""
+
+
+def build_tiny_source_model(path: Path, seed: int = 0) -> Path:
+    """A tiny Llama (``build_tiny_model``) whose weights are GGUF block codes: each matrix is
+    quantized (``SOURCE_KINDS``), the checkpoint holds the codes de-quantized, and the codes sit
+    beside it as ``source.gguf`` (as a converted GGUF model's do): the ``source`` weight format."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+
+    from engine.model.fetch import SOURCE_GGUF
+
+    build_tiny_model(path, seed)
+    weights = load_file(path / "model.safetensors")
+    names = {
+        "model.embed_tokens.weight": "token_embd",
+        "lm_head.weight": "output",
+        **{
+            f"model.layers.{i}.{module}.weight": f"blk.{i}.{gguf_name}"
+            for i in range(2)
+            for module, gguf_name in (
+                ("self_attn.q_proj", "attn_q"),
+                ("self_attn.k_proj", "attn_k"),
+                ("self_attn.v_proj", "attn_v"),
+                ("self_attn.o_proj", "attn_output"),
+                ("mlp.gate_proj", "ffn_gate"),
+                ("mlp.up_proj", "ffn_up"),
+                ("mlp.down_proj", "ffn_down"),
+            )
+        },
+    }
+    writer = gguf.GGUFWriter(str(path / SOURCE_GGUF), "llama")
+    for name, gguf_name in names.items():
+        kind = gguf.GGMLQuantizationType[SOURCE_KINDS[gguf_name.rsplit(".", 1)[-1]]]
+        codes = gguf.quants.quantize(weights[name].numpy(), kind)
+        weights[name] = torch.from_numpy(gguf.quants.dequantize(codes, kind).astype(np.float32))
+        writer.add_tensor(f"{gguf_name}.weight", codes, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
 def run_engine(
     engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12, sampling: SamplingParams = GREEDY
 ) -> tuple[list[int], int, str]:

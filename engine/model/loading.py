@@ -1,16 +1,15 @@
-"""Load a model for serving: resolve it (``engine.model.resolve``), choose its formats, load weights and
-tokenizer, quantize, and probe the K/V it produces.
-
-Formats: ``dtype`` is the activation and K/V dtype, ``weights`` the weight format of the linear
-layers (``engine.model.quantize``); ``auto`` is the exact mode, float32 and full weights. Both, and the
-device kind, are part of every cache namespace: K/V computed in one format or on one kind of device
-is never reused in another.
+"""Load a model for serving: resolve it (``engine.model.resolve``), choose its formats
+(``engine.model.formats``), load weights and tokenizer, read the source's codes
+(``engine.model.codes``) and build the native decode step's library (``engine.kernels``), and
+probe the K/V it produces.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
@@ -19,15 +18,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from engine.kernels.build import KernelUnavailable
+from engine.kernels.build import load as load_kernels
+from engine.model.codes import Codes, source_codes
 from engine.model.convert import convert_gguf
-from engine.model.fetch import ModelError
-from engine.model.quantize import WEIGHT_FORMATS, WeightFormat, quantize_linears
+from engine.model.fetch import SOURCE_GGUF, ModelError
+from engine.model.formats import resolve_formats
 from engine.model.resolve import model_fingerprint, resolve_model_dir
 from hashing import Namespace, NamespaceIdentity
 from store.interface import KVSpec
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-WEIGHTS = ("auto", *WEIGHT_FORMATS)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class LoadedModel:
 
     Attributes:
         name: the id served in ``/v1/models`` and accepted in requests' ``model`` field.
-        model: a transformers causal LM in eval mode (linear layers quantized per ``weights``).
+        model: a transformers causal LM in eval mode (prefill runs its forward).
         tokenizer: its tokenizer, with the chat template.
         base_identity: the cache identity of its K/V (fingerprint, formats, device), of no tenant
             yet: ``identity(tenant)`` completes it.
@@ -44,6 +45,9 @@ class LoadedModel:
         context_length: maximum tokens (prompt + completion).
         eos_token_ids: token ids that end a completion.
         aliases: further names requests may use for it (``--served-model-name``).
+        codes: the source's block codes by parameter name (``weights == "source"``), else empty.
+        kernels: the native decode step's library (``engine.kernels.build``), or None where it
+            cannot be built (the decode step is then torch's).
     """
 
     name: str
@@ -54,6 +58,8 @@ class LoadedModel:
     context_length: int
     eos_token_ids: frozenset[int]
     aliases: tuple[str, ...] = ()
+    codes: dict[str, Codes] = field(default_factory=dict)
+    kernels: ctypes.CDLL | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -62,7 +68,7 @@ class LoadedModel:
 
     @property
     def weights(self) -> str:
-        """The weight format of the linear layers (``"full"``, ``"int4"``, ``"int8"``)."""
+        """What the decode step computes on: ``"source"`` (the GGUF's codes) or ``"full"``."""
         return self.base_identity.weights
 
     @property
@@ -77,7 +83,7 @@ class LoadedModel:
 
     @property
     def format(self) -> str:
-        """E.g. ``"bfloat16 activations and K/V, int4 weights, on cpu"``."""
+        """E.g. ``"float32 activations and K/V, source weights, on cpu"``."""
         return f"{self.kv_spec.dtype} activations and K/V, {self.weights} weights, on {self.device.type}"
 
     def identity(self, tenant: str) -> NamespaceIdentity:
@@ -95,37 +101,25 @@ def _for_tenant(base: NamespaceIdentity, tenant: str) -> NamespaceIdentity:
     return base.for_tenant(tenant)
 
 
-def resolve_formats(dtype: str, weights: str) -> tuple[str, WeightFormat]:
-    """``(dtype, weights)`` with ``auto`` replaced by the exact mode (``float32``, ``full``).
-
-    Raises:
-        ModelError: an unknown value.
-    """
-    if dtype not in DTYPES:
-        raise ModelError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if weights not in WEIGHTS:
-        raise ModelError(f"weights {weights!r} is not one of {', '.join(WEIGHTS)}")
-    # NOTE: auto is the exact mode. The reduced formats decode faster on a CPU, but measured on
-    # the default model their cached and cold answers also part where the cold top-2 logit gap
-    # is wider than a near-tie (docs/benchmarks.md), so none of them may be the default yet.
-    if dtype == "auto":
-        dtype = "float32"
-    if weights == "auto":
-        weights = "full"
-    return dtype, cast(WeightFormat, weights)
-
-
 def load_model(
-    spec: str, *, cache_dir: Path, dtype: str = "float32", weights: str = "full", device: str = "cpu"
+    spec: str, *, cache_dir: Path, dtype: str = "auto", weights: str = "auto", device: str = "cpu"
 ) -> LoadedModel:
-    """Resolve, load, quantize and check a model.
+    """Resolve, load and check a model, in its formats (``engine.model.formats``).
 
     Raises:
         ModelError: missing model, unsupported architecture (not a decoder-only model whose
             layers are all full attention), or an unknown or impossible format.
     """
-    dtype, fmt = resolve_formats(dtype, weights)
     name, model_dir = resolve_model_dir(spec, cache_dir, convert_gguf)
+    kernels, blocker = None, None
+    try:
+        kernels = load_kernels(Path(cache_dir))
+    except KernelUnavailable as exc:
+        blocker = f"no native decode step ({exc})"
+        log.warning("decode step: %s; decoding with torch's, several times slower", blocker)
+    if blocker is None and not (model_dir / SOURCE_GGUF).is_file():
+        blocker = "the model has no GGUF source"
+    dtype, fmt = resolve_formats(dtype, weights, torch.device(device).type, blocker)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         # NOTE: device_map (accelerate) puts each weight straight on the device: the host never
@@ -138,10 +132,11 @@ def load_model(
         raise ModelError(f"cannot load {model_dir} as a causal language model: {exc}") from exc
     model.eval()
     kv_spec = _probe_kv_spec(model, dtype)
-    try:
-        quantize_linears(model, fmt, getattr(torch, dtype))
-    except ValueError as exc:
-        raise ModelError(str(exc)) from exc
+    fingerprint = model_fingerprint(model_dir, Path(cache_dir))
+    codes = {}
+    if fmt == "source":
+        verified = Path(cache_dir) / "fingerprints" / f"codes-{fingerprint}.json"
+        codes = source_codes(model_dir / SOURCE_GGUF, dict(model.named_parameters()), model.config, verified)
     eos = model.generation_config.eos_token_id
     eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
     if tokenizer.eos_token_id is not None:
@@ -151,7 +146,7 @@ def load_model(
         model=model,
         tokenizer=tokenizer,
         base_identity=NamespaceIdentity(
-            model_fingerprint=model_fingerprint(model_dir, Path(cache_dir)),
+            model_fingerprint=fingerprint,
             kv_dtype=kv_spec.dtype,
             tenant="",
             weights=fmt,
@@ -160,6 +155,8 @@ def load_model(
         kv_spec=kv_spec,
         context_length=int(getattr(model.config, "max_position_embeddings", 2048)),
         eos_token_ids=frozenset(eos_ids),
+        codes=codes,
+        kernels=kernels,
     )
 
 

@@ -16,11 +16,13 @@ import xxhash
 
 from engine.model.fetch import (
     KNOWN_MODELS,
+    SOURCE_GGUF,
     Converter,
     ModelError,
     fetch_known_model,
     gguf_checkpoint_dir,
     is_checkpoint,
+    keep_source,
 )
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -46,6 +48,8 @@ def resolve_model_dir(
         target = gguf_checkpoint_dir(path, models_dir)
         if not is_checkpoint(target):
             convert(path, target)
+        elif not (target / SOURCE_GGUF).is_file():
+            keep_source(path, target)
         return path.stem, target
     if path.is_dir():
         if not is_checkpoint(path):

@@ -7,13 +7,12 @@ The tenant comes only from the authenticated key, never from the request body, s
 from __future__ import annotations
 
 import secrets
-from pathlib import Path
 from typing import Annotated
 
 import xxhash
 from fastapi import Depends, Request
 
-from proxy.config import ServerSettings, Settings
+from proxy.config import ServerSettings, Settings, key_file
 from proxy.http.errors import OpenAIError
 
 DEFAULT_TENANT = "default"
@@ -22,17 +21,19 @@ DEFAULT_TENANT = "default"
 def parse_api_keys(value: str | None) -> dict[str, str] | None:
     """``--api-keys`` as ``{key: tenant}``, or None when authentication is off.
 
-    Accepts a comma-separated list or the path of a file with one entry per line (``#`` starts a
-    comment). An entry is ``key`` (a tenant of its own, named by a digest of the key) or
-    ``key=tenant`` (keys naming one tenant share its cache).
+    Accepts a comma-separated list whose items are entries or files of one entry per line (``#``
+    starts a comment; ``proxy.config.key_file`` says which). An entry is ``key`` (a tenant of its
+    own, named by a digest of the key) or ``key=tenant`` (keys naming one tenant share its cache).
 
     Raises:
-        ValueError: the value names no key at all.
+        ValueError: the value names no key at all, or a file that does not exist.
     """
     if value is None or not value.strip():
         return None
-    path = Path(value).expanduser()
-    raw = path.read_text().splitlines() if path.is_file() else value.split(",")
+    raw: list[str] = []
+    for item in value.split(","):
+        path = key_file(item.strip(), "--api-keys") if item.strip() else None
+        raw += path.read_text().splitlines() if path is not None else [item]
     entries = [line.split("#", 1)[0].strip() for line in raw]
     table: dict[str, str] = {}
     for entry in filter(None, entries):
@@ -85,6 +86,14 @@ def keys_configured(request: Request) -> bool:
     """Whether the server has any key at all (``--admin-key`` or ``--api-keys``)."""
     settings: ServerSettings = request.app.state.settings
     return settings.admin_key is not None or request.app.state.api_keys is not None
+
+
+def reads_own_text(request: Request) -> bool:
+    """Whether the caller may read prompt text cached in its own namespace: a tenant's key
+    always (its namespace is its own); without API keys, the admin key, or anyone on a server
+    with no key at all (the one tenant is everyone's), never a client without a key on a server
+    that has one."""
+    return request.app.state.api_keys is not None or is_admin(request) or not keys_configured(request)
 
 
 def require_admin(request: Request) -> None:

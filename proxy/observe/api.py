@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from hashing import Namespace
-from proxy.http.auth import DEFAULT_TENANT, get_tenant, is_admin, keys_configured, require_operator
+from proxy.http.auth import DEFAULT_TENANT, get_tenant, is_admin, reads_own_text, require_operator
 from proxy.observe import panels
 from proxy.state import CacheDep, EngineDep, MetricsDep
 
@@ -42,13 +42,9 @@ def viewer(request: Request, scope: Namespace | None, engine: EngineDep) -> Name
     tenant's, for the admin key or, on a server with no key at all, for anyone; none for the admin
     key among API keys (it names an operator, not a tenant), and never for a client without a key
     on a server that has one."""
-    if request.app.state.api_keys is None:
-        return (
-            engine.loaded.namespace(DEFAULT_TENANT)
-            if is_admin(request) or not keys_configured(request)
-            else None
-        )
-    return scope
+    if request.app.state.api_keys is not None:
+        return scope
+    return engine.loaded.namespace(DEFAULT_TENANT) if reads_own_text(request) else None
 
 
 @router.get("/stats")

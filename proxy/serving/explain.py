@@ -33,9 +33,15 @@ def cache_headers(done: PrefillDone) -> dict[str, str]:
 
 
 async def explain(
-    loaded: LoadedModel, cache: CacheAdmin | None, tenant: str, prompt_ids: Sequence[int], done: PrefillDone
+    loaded: LoadedModel,
+    cache: CacheAdmin | None,
+    tenant: str,
+    prompt_ids: Sequence[int],
+    done: PrefillDone,
+    with_text: bool = True,
 ) -> dict[str, Any]:
-    """The explanation of one request's cache outcome (see the module docstring)."""
+    """The explanation of one request's cache outcome (see the module docstring); ``with_text``
+    False leaves the cached side's text out of a divergence (its position stays)."""
     block, reason = done.first_miss
     out: dict[str, Any] = {
         "cache": done.kind,
@@ -61,7 +67,7 @@ async def explain(
         decode = loaded.tokenizer.decode
         out["divergence"] = {
             "token_position": position,
-            "cached": decode(cached_seq[span]),
+            "cached": decode(cached_seq[span]) if with_text else None,
             "prompt": decode(list(prompt_ids)[span]),
         }
     return out

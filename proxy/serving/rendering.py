@@ -119,7 +119,7 @@ def template_data(tokenizer: Any, kwargs: dict[str, Any] | None) -> dict[str, An
     if not kwargs:
         return {}
     allowed = _template_variables(tokenizer.chat_template) - _reserved(tokenizer)
-    return {k: v for k, v in kwargs.items() if k in allowed and _plain(v)}
+    return {k: v for k, v in kwargs.items() if k in allowed and not k.endswith("_token") and _plain(v)}
 
 
 @lru_cache(maxsize=16)
@@ -135,8 +135,9 @@ def _template_variables(template: str | None) -> frozenset[str]:
 
 def _reserved(tokenizer: Any) -> frozenset[str]:
     names = set(inspect.signature(tokenizer.apply_chat_template).parameters)
-    names |= {"messages", "tools", "documents", "add_generation_prompt", "raise_exception"}
-    return frozenset(names | set(tokenizer.special_tokens_map) | {n for n in names if n.endswith("_token")})
+    # NOTE: and what transformers puts in the template's context itself (functions included)
+    names |= {"messages", "tools", "documents", "add_generation_prompt", "raise_exception", "strftime_now"}
+    return frozenset(names | set(tokenizer.special_tokens_map))
 
 
 def _plain(value: Any, depth: int = 0) -> bool:

@@ -22,6 +22,7 @@ from engine.requests import (
     TokenDelta,
 )
 from engine.worker import Engine
+from proxy.http.auth import reads_own_text
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import usage
 from proxy.serving.explain import EXPLAIN_HEADER, cache_headers, explain
@@ -115,7 +116,9 @@ async def start(request: Request, engine: Engine, generation: GenerationRequest)
     running.on_finished = lambda finished: app.metrics.finished(finished, arrived, ttft)
     explanation = None
     if request.headers.get(EXPLAIN_HEADER) == "1":
-        explanation = await explain(engine.loaded, app.cache, generation.tenant, generation.prompt_ids, event)
+        explanation = await explain(
+            engine.loaded, app.cache, generation.tenant, generation.prompt_ids, event, reads_own_text(request)
+        )
     return Started(running, event, cache_headers(event), explanation)
 
 

@@ -36,6 +36,8 @@ from store.writer import BlockWriter, Stored
 
 BATCH_BYTES = 64 * 1024 * 1024
 """Verified blob bytes held before they are published (one index round trip per batch)."""
+TAR_ERRORS = (tarfile.TarError, ValueError, OverflowError, EOFError)
+"""What Python's tarfile raises for a malformed archive (bad PAX sparse headers: ``ValueError``)."""
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 """The largest manifest read (about 300,000 blocks)."""
 
@@ -86,7 +88,7 @@ def import_snapshot(
     """
     try:
         tar = tarfile.open(fileobj=source, mode="r:")
-    except tarfile.TarError as exc:
+    except TAR_ERRORS as exc:
         raise SnapshotError(f"not a kvproxy snapshot: not a tar archive ({exc})") from exc
     with tar:
         _load_members(tar)
@@ -117,7 +119,7 @@ def _load_members(tar: tarfile.TarFile) -> None:
     try:
         while (member := tar.next()) is not None:
             last = member
-    except tarfile.TarError as exc:
+    except TAR_ERRORS as exc:
         where = f"{last.name} declares {last.size} bytes the archive does not hold" if last else str(exc)
         raise SnapshotError(f"not a readable snapshot: {where}") from exc
 
@@ -171,18 +173,25 @@ class _Import:
         self.namespace, self.ttl_s, self.audit = identity.digest(), ttl_s, audit
         self.stored: dict[str, tuple[str | None, tuple[int, ...]]] = {}  # hex -> (parent hex, tokens)
         self.rejected: set[str] = set()
+        self.seen: set[str] = set()
         self.verified: set[str] = set()
         self.batch: list[tuple[str, Stored]] = []
 
     def add(self, block: Any) -> None:
         """Verify one manifest entry's block and queue it, or reject it with the reason."""
         name = entry_name(block)
+        if (
+            name in self.seen
+        ):  # NOTE: the first listing stands; the block is neither counted again nor rejected
+            self.report.rejected.append({"hash": name, "reason": "it is listed twice in the manifest"})
+            return
         try:
             entry = manifest_entry(block)
+            self.seen.add(name)
             if entry.parent is not None and entry.parent.hex() in self.rejected:
                 raise BlockVerificationError("its parent block was rejected, so it could never be served")
             stored = self._read(entry)
-        except (tarfile.TarError, BlockVerificationError) as exc:
+        except (*TAR_ERRORS, BlockVerificationError) as exc:
             self._reject(name, str(exc))
             return
         self.verified.add(name)

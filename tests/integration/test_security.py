@@ -20,7 +20,7 @@ import xxhash
 from click.testing import CliRunner
 from safetensors.torch import load as load_tensors
 
-from hashing import BLOCK_SIZE
+from hashing import BLOCK_SIZE, block_hashes
 from proxy.config import RouteSettings
 from proxy.flags import parse_settings, route_options
 from store.interface import KVBlock
@@ -171,6 +171,41 @@ def test_an_audited_import_serves_only_what_the_model_confirms(
         assert again.key == expected_b.key
 
 
+def test_a_forged_copy_of_blocks_on_disk_is_never_served(settings, tiny_model, serve, cold, tmp_path) -> None:
+    """A forged snapshot of blocks this deployment holds (indexed, or whose entries expired while
+    their files remain): the blobs on disk are kept (create-only) and what is served is what they
+    hold, never the forged copy (not even from the RAM tier), audited import or not."""
+    expected = cold.complete(PROMPT_A)
+    for audit in (False, True):
+        target = closed(
+            settings, admin_key=ADMIN, audit_imports=audit, key_prefix=f"{settings.key_prefix}{audit}:"
+        )
+        target = target.model_copy(update={"blob_dir": tmp_path / f"blobs-{audit}"})
+        with serve(target, tiny_model) as server:
+            cache = server.app.state.engine.cache
+            Api(server).complete(PROMPT_A)
+            Api(server).complete(PROMPT_B)
+            Api(server).flush()
+            bad = forged(
+                export_archive(server, [PROMPT_B], ADMIN),
+                export_archive(server, [PROMPT_A], ADMIN),
+                tiny_model.kv_spec,
+            )
+            cache.parts.ram.clear()
+            if audit:  # the entries expire, the files stay (not yet collected)
+                namespace = tiny_model.namespace("default")
+                for block_hash in block_hashes(PROMPT_A, namespace):
+                    cache.parts.index.drop(namespace, block_hash)
+            report = import_archive(server, bad, ADMIN).json()
+            assert report["rejected"] == [], report
+            if audit:
+                wait_for(
+                    lambda c=cache: c.admin.stats().imports_confirmed + c.admin.stats().imports_rejected == 3
+                )
+            answer = Api(server).complete(PROMPT_A)
+            assert answer.key == expected.key, audit
+
+
 # 3. Imports are read into memory whole.
 
 
@@ -211,6 +246,29 @@ def test_archive_members_are_checked_before_they_are_read(settings, tiny_model, 
         assert server.app.state.cache.usage()[0] == 0
 
 
+def test_malformed_headers_and_duplicates_are_clear(settings, tiny_model, serve) -> None:
+    """A PAX sparse header tarfile cannot parse is a 400 (never a 500); a block listed twice in
+    the manifest is imported once, the repeat rejected with the reason."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("blocks/x.safetensors")
+        info.size, info.pax_headers = 4, {"GNU.sparse.map": "a,b", "GNU.sparse.size": "10"}
+        tar.addfile(info, io.BytesIO(b"abcd"))
+    with serve(settings, tiny_model) as server:
+        r = import_archive(server, buffer.getvalue())
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_snapshot", r.text
+        Api(server).complete(PROMPT_A)
+        Api(server).flush()
+        files = members(export_archive(server, [PROMPT_A]))
+        manifest = json.loads(files[MANIFEST])
+        manifest["blocks"] = manifest["blocks"] + manifest["blocks"][:1]
+        server.app.state.engine.cache.admin.clear()
+        report = import_archive(server, pack(files | {MANIFEST: json.dumps(manifest).encode()})).json()
+    assert report["imported"] == 3 and [r["reason"] for r in report["rejected"]] == [
+        "it is listed twice in the manifest"
+    ]
+
+
 def test_an_archive_over_the_import_limit_is_refused(settings, tiny_model, serve) -> None:
     """--max-import-bytes bounds the upload: 413 before the archive is opened."""
     with serve(settings.model_copy(update={"max_import_bytes": 1000}), tiny_model) as server:
@@ -236,6 +294,29 @@ def test_prompt_text_is_never_shown_to_an_anonymous_client_of_a_keyed_server(
         admin = httpx.get(f"{server.base_url}/stats", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     assert anonymous and all(row["text"] is None for row in anonymous)
     assert admin["hot_prefixes"][0]["text"] and "quick brown fox" in admin["hot_prefixes"][0]["text"]
+
+
+def test_an_explanation_shows_no_cached_text_to_an_anonymous_client_of_a_keyed_server(
+    settings, tiny_model, serve
+) -> None:
+    """x-kvproxy-explain names where a prompt diverges from a cached one; the cached side's text
+    only for a caller who may read it (here the admin key, not a client without one)."""
+    first, second = "The secret password is swordfish. " * 40, "The secret password is swordfish. " * 20
+    with serve(closed(settings, admin_key=ADMIN), tiny_model) as server:
+        url = f"{server.base_url}/v1/completions"
+        httpx.post(url, json={"model": "tiny", "prompt": first, "max_tokens": 1}, timeout=60)
+        server.app.state.engine.cache.flush(30)
+        views = []
+        for question, headers in (
+            ("What is it?", {}),
+            ("Tell me again.", {"Authorization": f"Bearer {ADMIN}"}),
+        ):
+            probe = {"model": "tiny", "prompt": second + question * 40, "max_tokens": 1}
+            r = httpx.post(url, json=probe, headers={"x-kvproxy-explain": "1"} | headers, timeout=60)
+            views.append(r.json()["kvproxy_cache_explanation"]["divergence"])
+    anonymous, admin = views
+    assert anonymous is not None and anonymous["cached"] is None and anonymous["token_position"] > 0
+    assert admin is not None and admin["cached"]  # the text of whichever cached sibling it met
 
 
 # 8. Counted as imported, then deleted.
@@ -282,6 +363,10 @@ def test_passwords_in_urls_never_reach_the_output(tmp_path) -> None:
         ],
         ["route", "--upstream", f"http://user:{secret}@host:8000/not-v1"],
         ["serve", "--model", str(model), "--blob-url", f"gopher://user:{secret}@x/"],
+        ["serve", "--model", str(model), "--blob-url", f"s3://AKIA:{secret}@bucket/prefix"],
+        ["serve", "--model", str(model), "--blob-url", f"s3://bucket/prefix?token={secret}"],
+        ["cache", "stats", "--redis-url", f"redis://127.0.0.1:1/0?pass%77ord={secret}"],
+        ["cache", "import", str(model / "config.json"), "--base-url", f"http://u:{secret}@127.0.0.1:1/v1"],
     ]
     for args in runs:
         done = subprocess.run(

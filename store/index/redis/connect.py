@@ -48,12 +48,13 @@ _TEXT_OPTIONS = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
 _SENTINEL_OPTIONS = {"sentinel_username", "sentinel_password"}
 
 
-_SECRET_OPTION = re.compile(r"(?i)([?&][^=&]*(?:password|secret|token)[^=&]*=)[^&#]*")
+_SECRET = re.compile(r"(?i)password|secret|token|passwd|pwd")
 
 
 def redact_url(url: str) -> str:
     """``url`` as logs and messages may show it: the password of its user info, and the value of
-    any query option naming a password, secret or token, replaced by ``***``."""
+    any query option naming a password, secret or token (its name percent-decoded first),
+    replaced by ``***``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -62,7 +63,15 @@ def redact_url(url: str) -> str:
     if at:
         user, colon, _ = userinfo.partition(":")
         netloc = f"{user}{':***' if colon else ''}@{hosts}"
-    return _SECRET_OPTION.sub(r"\1***", f"{scheme}://{netloc}{slash}{tail}")
+    if "?" in netloc and not slash:  # a query right after the host: ``redis://h:1?password=x``
+        netloc, _, query = netloc.partition("?")
+        tail = "?" + query
+    path, question, query = tail.partition("?")
+    options = [
+        f"{name}={'***' if _SECRET.search(unquote(name)) else value}" if eq else name
+        for name, eq, value in (part.partition("=") for part in query.split("&"))
+    ]
+    return f"{scheme}://{netloc}{slash}{path}{question}{'&'.join(options) if question else ''}"
 
 
 class RedisURLError(ValueError):

@@ -42,12 +42,21 @@ def test_redis_is_configured_as_a_cache_index() -> None:
     assert "--maxmemory" in options and compose()["services"]["redis"]["volumes"][0].endswith(":/data")
 
 
-def test_environment_names_are_settings_fields() -> None:
+def parsed(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A service's settings as the container reads them, its admin key file (written by the keys
+    service) standing at a file of this test."""
+    key = tmp_path / "admin_key"
+    key.write_text("generated\n")
+    fields = {k.removeprefix("KVPROXY_").lower(): v for k, v in env.items()}
+    return fields | ({"admin_key": str(key)} if "admin_key" in fields else {})
+
+
+def test_environment_names_are_settings_fields(tmp_path) -> None:
     """Every KVPROXY_* variable names a field, and the values parse as settings."""
     for proxy in proxies().values():
         env = proxy["environment"]
         assert set(env) <= FIELDS, set(env) - FIELDS
-        settings = Settings(**{k.removeprefix("KVPROXY_").lower(): v for k, v in env.items()})
+        settings = Settings(**parsed(env, tmp_path))
         assert settings.redis_url.startswith("redis://redis:")  # the compose service name
 
 
@@ -74,11 +83,11 @@ def test_dockerfile_env_names_are_settings_fields() -> None:
     assert names and names <= FIELDS, names - FIELDS
 
 
-def test_the_router_fronts_both_replicas() -> None:
+def test_the_router_fronts_both_replicas(tmp_path) -> None:
     """The router's settings parse, name both replicas by service name and wait for them."""
     router = compose()["services"]["router"]
     env = router["environment"]
-    settings = RouteSettings(**{k.removeprefix("KVPROXY_").lower(): v for k, v in env.items()})
+    settings = RouteSettings(**parsed(env, tmp_path))
     ports = {name: s["environment"]["KVPROXY_PORT"] for name, s in proxies().items()}
     assert settings.upstreams == [f"http://{name}:{port}/v1" for name, port in ports.items()]
     assert router["command"] == ["kvproxy", "route"] and router["ports"] == [

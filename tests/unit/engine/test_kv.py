@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.kv import BufferPool, blocks_from_past, past_from_blocks
-from hashing import BLOCK_SIZE, block_hashes, block_tokens
+from hashing import BLOCK_SIZE, BlockHash, block_hashes, block_tokens
 from store.interface import KVBlock
 from tests.helpers import NS, SPEC, kv
 
@@ -61,3 +61,19 @@ def test_the_pool_reuses_the_smallest_buffer_that_fits() -> None:
     buffers.release(large)
     assert buffers.acquire(50)[0].data_ptr() == small[0].data_ptr()
     assert buffers.acquire(200)[0].data_ptr() == large[0].data_ptr()
+
+
+def test_buffers_made_in_inference_mode_serve_outside_it() -> None:
+    """A buffer the audit took (under inference mode) goes back to the pool; the lookup stage
+    then writes a past into it outside inference mode, and a past grows there too."""
+    like = torch.empty((2, 2, 0, 8))
+    pool = BufferPool(like, keep=2, granule=16)
+    with torch.inference_mode():
+        taken = pool.acquire(128)
+    pool.release(taken)
+    key, value = torch.randn(2, 2, 128, 8), torch.randn(2, 2, 128, 8)
+    past = past_from_blocks(
+        [KVBlock(0, BlockHash(bytes(16)), tuple(range(128)), key, value)], 100, pool.acquire(32)
+    )
+    past.layers[0].update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+    assert past.get_seq_length() == 101

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from proxy.config import Settings
 from proxy.http.auth import parse_api_keys
 
 
@@ -24,3 +26,19 @@ def test_no_keys_means_no_authentication_and_an_empty_list_is_an_error() -> None
     assert parse_api_keys(None) is None and parse_api_keys("  ") is None
     with pytest.raises(ValueError):
         parse_api_keys(", ,")
+
+
+def test_several_key_files_add_up_and_a_missing_one_is_an_error(tmp_path) -> None:
+    """--api-keys given twice (joined by a comma) may name two files; a path to no file is an
+    error, never a key; --admin-key reads its file the same way."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.write_text("alpha=ops\n")
+    second.write_text("beta\n")
+    table = parse_api_keys(f"{first},{second},gamma")
+    assert table is not None and set(table) == {"alpha", "beta", "gamma"}
+    with pytest.raises(ValueError, match="does not exist"):
+        parse_api_keys(f"{tmp_path}/missing")
+    (tmp_path / "admin").write_text("s3cret\n")
+    assert Settings(admin_key=str(tmp_path / "admin")).admin_key == "s3cret"
+    with pytest.raises(ValidationError, match="does not exist"):
+        Settings(admin_key="/run/kvproxy/not-mounted")

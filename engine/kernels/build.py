@@ -1,0 +1,82 @@
+"""Build the native decode step (``decode.cpp``) once per machine and load it with ctypes.
+
+The library is compiled for this CPU (``-march=native``) into ``{cache_dir}/kernels/``, named by
+a digest of the source, the flags, the compiler and the CPU's feature flags, so a cache directory
+moved to another machine builds again instead of loading code its CPU cannot run. It takes about
+two seconds with g++; without a compiler the engine keeps its torch decode step and says why.
+
+NOTE: OpenMP comes from the ``libgomp.so.1`` torch already loaded (same soname), so the step and
+torch's own operations share one thread team instead of two competing for the cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import xxhash
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+
+
+class KernelUnavailable(Exception):
+    """The native step cannot be built or loaded here; the message says why."""
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def compiler() -> str | None:
+    """The C++ compiler to use: ``$CXX``, else g++, c++ or clang++ on the PATH."""
+    return os.environ.get("CXX") or next(
+        (found for name in ("g++", "c++", "clang++") if (found := shutil.which(name))), None
+    )
+
+
+def load(cache_dir: Path) -> ctypes.CDLL:
+    """The decode library for this machine, built on first use.
+
+    Raises:
+        KernelUnavailable: no compiler, or the build or the load failed.
+    """
+    cxx = compiler()
+    if cxx is None:
+        raise KernelUnavailable("no C++ compiler on the PATH (install g++, or set CXX)")
+    source = resources.files("engine.kernels").joinpath("decode.cpp").read_bytes()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelUnavailable(f"{cxx} does not run: {exc}") from exc
+    digest = xxhash.xxh3_64_hexdigest(source + " ".join([*FLAGS, version, _cpu_flags()]).encode())
+    path = Path(cache_dir) / "kernels" / f"decode-{digest}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            src, out = Path(tmp) / "decode.cpp", Path(tmp) / "decode.so"
+            src.write_bytes(source)
+            done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise KernelUnavailable(
+                    f"{cxx} could not build the decode step: {done.stderr.strip()[-2000:]}"
+                )
+            out.replace(path)  # NOTE: atomic: another process never loads a partial library
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
+    lib.kvp_scratch_floats.restype = ctypes.c_int64
+    lib.kvp_decode.restype = None
+    return lib

@@ -1,0 +1,251 @@
+"""``NativeDecoder``: the decode step in one call into ``decode.cpp`` (built by ``build``).
+
+The whole step, every layer of every running sequence, is one C++ call with one OpenMP region:
+no Python between layers, no tensors allocated per token, the new K/V written straight into each
+sequence's preallocated buffers (``engine.kv.GrowingLayer``). Matrices are computed on what
+holds them: the source's block codes (``engine.model.codes``) or the checkpoint's float32 rows.
+``engine.decoding.pick_decoder`` checks it against transformers' forward before using it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from transformers import DynamicCache
+
+from engine.kv import GrowingLayer
+from engine.model.codes import KINDS, Codes
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("rows", ctypes.c_int32),
+        ("cols", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p),
+        ("q", _Linear),
+        ("k", _Linear),
+        ("v", _Linear),
+        ("o", _Linear),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("ffn_norm", ctypes.c_void_p),
+        ("gate", _Linear),
+        ("up", _Linear),
+        ("down", _Linear),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("n_layers", ctypes.c_int32),
+        ("hidden", ctypes.c_int32),
+        ("n_heads", ctypes.c_int32),
+        ("n_kv_heads", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("inter", ctypes.c_int32),
+        ("vocab", ctypes.c_int32),
+        ("max_pos", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("embed", _Linear),
+        ("head", _Linear),
+        ("final_norm", ctypes.c_void_p),
+        ("cos_table", ctypes.c_void_p),
+        ("sin_table", ctypes.c_void_p),
+        ("layers", ctypes.c_void_p),
+    ]
+
+
+def unsupported(model: Any) -> str | None:
+    """Why the native step cannot run ``model``, or None (it needs a pre-norm decoder with
+    separate or fused q/k/v and gate/up projections, no bias but on q/k/v, float32 weights)."""
+    config = model.config
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "not a decoder with layers and a rotary embedding"
+    if getattr(config, "partial_rotary_factor", 1.0) not in (None, 1.0):
+        return "its rotary embedding covers part of each head"
+    for flag in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window_pattern"):
+        if getattr(config, flag, None):
+            return f"config.{flag} is set"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its activation is {config.hidden_act}, not silu"
+    if model.get_input_embeddings().weight.dtype != torch.float32:
+        return "its weights are not float32"
+    layer = inner.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    if not (hasattr(attn, "qkv_proj") or all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj"))):
+        return "attention has no q/k/v projections"
+    if not (hasattr(mlp, "gate_up_proj") or all(hasattr(mlp, p) for p in ("gate_proj", "up_proj"))):
+        return "the MLP has no gate/up projections"
+    if getattr(attn.o_proj, "bias", None) is not None or getattr(mlp.down_proj, "bias", None) is not None:
+        return "its output projections have biases"
+    if hasattr(layer, "pre_feedforward_layernorm") or hasattr(layer, "post_feedforward_layernorm"):
+        return "layers have extra feed-forward norms"
+    return None
+
+
+class NativeDecoder:
+    """The native decode step (``engine.decoding.Decoder``) over ``model``'s float32 weights,
+    or the source codes ``codes`` (parameter name -> ``Codes``) where given.
+
+    Args:
+        lib: the library ``engine.kernels.build.load`` built.
+        threads: the OpenMP team's size.
+    """
+
+    def __init__(self, model: Any, codes: dict[str, Codes], lib: ctypes.CDLL, threads: int) -> None:
+        self.lib, self.threads = lib, threads
+        self.name = "native, source codes" if codes else "native"
+        self._keep: list[torch.Tensor] = []  # NOTE: every buffer the C structures point into
+        config, inner = model.config, model.model
+        params = dict(model.named_parameters())
+        names = {id(p): n for n, p in params.items()}
+
+        def linear(module: Any, rows: slice | None = None) -> _Linear:
+            weight = module.weight
+            code = codes.get(names.get(id(weight), ""))
+            bias = getattr(module, "bias", None)
+            if rows is not None:
+                bias = bias[rows] if bias is not None else None
+            if code is not None:
+                data = code.data if rows is None else code.data[rows]
+                kind, shape = KINDS[code.kind], (data.shape[0], code.cols)
+            else:
+                data = weight.detach() if rows is None else weight.detach()[rows]
+                kind, shape = 0, tuple(data.shape)
+            return _Linear(kind, shape[0], shape[1], 0, self._ptr(data), self._ptr(bias))
+
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        q_rows = config.num_attention_heads * self.head_dim
+        kv_rows = config.num_key_value_heads * self.head_dim
+        layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if hasattr(attn, "qkv_proj"):
+                q, k, v = (
+                    linear(attn.qkv_proj, s)
+                    for s in (
+                        slice(0, q_rows),
+                        slice(q_rows, q_rows + kv_rows),
+                        slice(q_rows + kv_rows, None),
+                    )
+                )
+            else:
+                q, k, v = linear(attn.q_proj), linear(attn.k_proj), linear(attn.v_proj)
+            if hasattr(mlp, "gate_up_proj"):
+                inter = mlp.gate_up_proj.weight.shape[0] // 2
+                gate, up = (
+                    linear(mlp.gate_up_proj, slice(0, inter)),
+                    linear(mlp.gate_up_proj, slice(inter, None)),
+                )
+            else:
+                gate, up = linear(mlp.gate_proj), linear(mlp.up_proj)
+            norms = [getattr(getattr(attn, n, None), "weight", None) for n in ("q_norm", "k_norm")]
+            layers.append(
+                _Layer(
+                    self._ptr(layer.input_layernorm.weight),
+                    q,
+                    k,
+                    v,
+                    linear(attn.o_proj),
+                    self._ptr(norms[0]),
+                    self._ptr(norms[1]),
+                    self._ptr(layer.post_attention_layernorm.weight),
+                    gate,
+                    up,
+                    linear(mlp.down_proj),
+                )
+            )
+        self._layers = (_Layer * len(layers))(*layers)
+        self.max_pos = int(getattr(config, "max_position_embeddings", 4096))
+        cos, sin = self._rotary(inner, self.max_pos)
+        embed = model.get_input_embeddings()
+        self.vocab = int(model.lm_head.weight.shape[0])
+        self._model = _Model(
+            len(layers),
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            self.head_dim,
+            gate.rows,
+            self.vocab,
+            self.max_pos,
+            float(getattr(config, "rms_norm_eps", 1e-6)),
+            float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5)),
+            linear(embed),
+            linear(model.lm_head),
+            self._ptr(inner.norm.weight),
+            self._ptr(cos),
+            self._ptr(sin),
+            ctypes.cast(self._layers, ctypes.c_void_p),
+        )
+        self._scratch = torch.empty(0)
+
+    def _ptr(self, tensor: torch.Tensor | None) -> int | None:
+        if tensor is None:
+            return None
+        tensor = tensor.detach().contiguous()
+        self._keep.append(tensor)
+        return int(tensor.data_ptr())
+
+    @staticmethod
+    @torch.inference_mode()
+    def _rotary(inner: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' own rotary values (``cos``, ``sin`` ``[n, head_dim]``) for positions < n."""
+        probe = inner.embed_tokens.weight[:1].float().unsqueeze(0)
+        cos, sin = inner.rotary_emb(probe, torch.arange(n).unsqueeze(0))
+        return cos[0].float().contiguous(), sin[0].float().contiguous()
+
+    @torch.inference_mode()
+    def __call__(
+        self, token_ids: Sequence[int], pasts: Sequence[DynamicCache], positions: Sequence[int]
+    ) -> torch.Tensor:
+        batch = len(token_ids)
+        n_layers = self._model.n_layers
+        keys = (ctypes.c_void_p * (batch * n_layers))()
+        values = (ctypes.c_void_p * (batch * n_layers))()
+        capacity = (ctypes.c_int64 * batch)()
+        for s, (past, position) in enumerate(zip(pasts, positions, strict=True)):
+            if position >= self.max_pos:
+                raise ValueError(f"position {position} is past the model's context ({self.max_pos})")
+            layers = [cast(GrowingLayer, layer) for layer in past.layers]
+            for i, layer in enumerate(layers):
+                layer.reserve(position + 1)
+                keys[s * n_layers + i], values[s * n_layers + i] = layer.buffer_pointers()
+            capacity[s] = layers[0].capacity
+        longest = max(positions) + 1
+        need = self.lib.kvp_scratch_floats(ctypes.byref(self._model), batch, longest)
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(max(need, 2 * self._scratch.numel()), dtype=torch.float32)
+        logits = torch.empty((batch, self.vocab), dtype=torch.float32)
+        tokens = (ctypes.c_int64 * batch)(*token_ids)
+        at = (ctypes.c_int64 * batch)(*positions)
+        self.lib.kvp_decode(
+            ctypes.byref(self._model),
+            batch,
+            tokens,
+            at,
+            keys,
+            values,
+            capacity,
+            ctypes.c_void_p(logits.data_ptr()),
+            ctypes.c_void_p(self._scratch.data_ptr()),
+            self.threads,
+        )
+        for past, position in zip(pasts, positions, strict=True):
+            for grown in past.layers:
+                cast(GrowingLayer, grown).grow_to(position + 1)
+        return logits
