@@ -56,6 +56,7 @@ struct Model {
 namespace {
 
 constexpr int QK = 32;
+constexpr int CHUNK = 256;  // positions per attention work item
 
 inline float fp16(const uint8_t* p) {
     uint16_t h;
@@ -340,7 +341,9 @@ void kvp_gather(float* dst, int64_t layers, int64_t heads, int64_t capacity, int
 int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
     const int qd = m->n_heads * m->head_dim, qkv = qd + 2 * m->n_kv_heads * m->head_dim;
     const int widest = std::max(std::max(m->hidden, qd), m->inter);
-    return int64_t(B) * (2 * m->hidden + qd + qkv + 2 * m->inter + widest / QK + m->n_heads * (max_len + 1)) + 64;
+    const int64_t chunks = (max_len + CHUNK - 1) / CHUNK;
+    return int64_t(B) * (2 * m->hidden + qd + qkv + 2 * m->inter + widest / QK + m->n_heads * (max_len + 1)) +
+           int64_t(B) * m->n_kv_heads * chunks * qd / m->n_kv_heads + 64;
 }
 
 // One decode step: token ``tokens[s]`` at position ``positions[s]`` of each sequence s < B.
@@ -361,6 +364,8 @@ void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* pos
     float* gu = qkv + B * (QD + 2 * KD);  // [B, 2 I]: gate, then up
     float* xsum = gu + B * 2 * I;         // [B, widest / 32]
     float* probs = xsum + B * (std::max(std::max(H, QD), I) / QK);  // [B, NH, max_len]
+    const int chunks = (max_len + CHUNK - 1) / CHUNK;
+    float* partial = probs + size_t(B) * NH * max_len;  // [B, NKV, chunks, group, D]
     const int ldq = QD + 2 * KD;
 
 #pragma omp parallel num_threads(threads)
@@ -422,24 +427,47 @@ void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* pos
                     std::memcpy(vc + (size_t(hh) * capacity[s] + pos) * D, v + hh * D, sizeof(float) * D);
                 }
             }
-            // attention: one (sequence, query head) per iteration
+            // attention, in four passes over (sequence, K/V head, chunk of CHUNK positions): each
+            // position's K and V read once for the heads sharing them, the work split evenly
+            // however few sequences run; every sum in a fixed order (chunk by chunk)
+#pragma omp for schedule(static)
+            for (int i = 0; i < B * NKV * chunks; i++) {
+                const int s = i / (NKV * chunks), kvh = (i / chunks) % NKV, c = i % chunks;
+                const int n = int(positions[s]) + 1, t0 = c * CHUNK, t1 = std::min(n, t0 + CHUNK);
+                const float* kc = k_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
+                for (int t = t0; t < t1; t++)
+                    for (int g = 0; g < group; g++) {
+                        const int hh = kvh * group + g;
+                        probs[size_t(s * NH + hh) * max_len + t] = dot(qkv + s * ldq + hh * D, kc + size_t(t) * D, D) * m->scale;
+                    }
+            }
 #pragma omp for schedule(static)
             for (int i = 0; i < B * NH; i++) {
-                const int s = i / NH, hh = i % NH, kvh = hh / group;
-                const int n = int(positions[s]) + 1;
-                const float* q = qkv + s * ldq + hh * D;
-                const float* kc = k_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
-                const float* vc = v_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
+                const int n = int(positions[i / NH]) + 1;
                 float* p = probs + size_t(i) * max_len;
                 float top = -INFINITY;
-                for (int t = 0; t < n; t++) {
-                    p[t] = dot(q, kc + size_t(t) * D, D) * m->scale;
-                    top = p[t] > top ? p[t] : top;
-                }
-                const float total = exp_shifted(p, n, top);
+                for (int t = 0; t < n; t++) top = p[t] > top ? p[t] : top;
+                const float inv = 1.0f / exp_shifted(p, n, top);
+                for (int t = 0; t < n; t++) p[t] *= inv;
+            }
+#pragma omp for schedule(static)
+            for (int i = 0; i < B * NKV * chunks; i++) {
+                const int s = i / (NKV * chunks), kvh = (i / chunks) % NKV, c = i % chunks;
+                const int n = int(positions[s]) + 1, t0 = c * CHUNK, t1 = std::min(n, t0 + CHUNK);
+                const float* vc = v_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
+                float* part = partial + size_t(i) * group * D;
+                for (int j = 0; j < group * D; j++) part[j] = 0;
+                for (int t = t0; t < t1; t++)
+                    for (int g = 0; g < group; g++)
+                        axpy(probs[size_t(s * NH + kvh * group + g) * max_len + t], vc + size_t(t) * D, part + g * D, D);
+            }
+#pragma omp for schedule(static)
+            for (int i = 0; i < B * NH; i++) {
+                const int s = i / NH, hh = i % NH, kvh = hh / group, g = hh % group;
                 float* out = att + s * QD + hh * D;
                 for (int j = 0; j < D; j++) out[j] = 0;
-                for (int t = 0; t < n; t++) axpy(p[t] / total, vc + size_t(t) * D, out, D);
+                for (int c = 0; c < chunks; c++)
+                    axpy(1.0f, partial + (size_t((s * NKV + kvh) * chunks + c) * group + g) * D, out, D);
             }
             matmul(L.o, B, att, QD, xsum, h, H);
 #pragma omp for schedule(static)
