@@ -2,7 +2,8 @@
 the same GGUF, 2 threads, RAM prompt cache on):
 
 - single-stream decode at least 1.5x llama.cpp's, in kvproxy's default format; 4 concurrent
-  streams at least 2x llama.cpp's aggregate;
+  streams at least 2x llama.cpp's aggregate; the server's single stream within 20% of its own
+  decode step's rate (from the server's ``kvproxy_decode_step*`` counters);
 - turns 2-3 of the conversation workload at least 3x faster to first token than llama.cpp's;
 - a row per format (batch-1 decode, cold and hit TTFT), aggregate decode at 1, 4 and 8 streams;
 - the promise: a cached answer is the cold answer (``bench.promise``) in each exact format, and
@@ -60,11 +61,16 @@ def measure_engine(work: Path, prefix: str, llama: tuple[str, Path] | None) -> d
     for label, (start, client, model) in peers.items():
         with running(start()):
             health = httpx.get(f"{url}/health", timeout=10).json() if label.startswith("kvproxy") else {}
+            talks = conversations(client, model)
+            before = step_counters(url) if label == "kvproxy" else None
             out["peers"][label] = {
-                "conversations": conversations(client, model),
+                "conversations": talks,
                 "decode": decode_speed(client, model, ban=EOS),
                 "format": health.get("format", "Q4_1 GGUF, 2 threads, RAM prompt cache"),
             }
+            if before is not None:  # the decode measurement's own steps (one stream: batch 1)
+                steps, seconds = (b - a for a, b in zip(before, step_counters(url), strict=True))
+                out["step_tok_s"] = steps / seconds
     if llama is not None:  # the decode comparison again, alternating, both servers up
         with (
             running(serve(KVPROXY_PORT, work / "e2-blobs", prefix + "e2:")),
@@ -157,6 +163,16 @@ CHATS = (
 def chat_prompts() -> list[str]:
     """``CHATS`` as the model's chat template (ChatML) renders them, for the completions route."""
     return [f"<|im_start|>user\n{chat}<|im_end|>\n<|im_start|>assistant\n" for chat in CHATS]
+
+
+def step_counters(url: str) -> tuple[float, float]:
+    """(decode steps, seconds inside them) so far, from a kvproxy server's ``/metrics``."""
+    values = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("kvproxy_decode_steps_total", "kvproxy_decode_step_seconds_total"):
+            values[name] = float(value)
+    return values["kvproxy_decode_steps_total"], values["kvproxy_decode_step_seconds_total"]
 
 
 @contextlib.contextmanager

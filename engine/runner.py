@@ -49,6 +49,9 @@ class EngineStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     decode_steps: int = 0
+    decode_step_seconds: float = 0.0
+    """Seconds inside the decode steps' forward passes (not sampling, not the server around
+    them): ``decode_steps / decode_step_seconds`` is the step's own rate."""
     prewarm_tokens: int = 0
 
 
@@ -149,7 +152,9 @@ class Runner:
         tokens = [seq.generated[-1] for seq in running]
         positions = [seq.fed for seq in running]
         pasts = [seq.past for seq in running if seq.past is not None]
+        start = time.perf_counter()
         logits = self.decoder(tokens, pasts, positions)
+        self.stats.decode_step_seconds += time.perf_counter() - start
         self.stats.decode_tokens += len(running)
         self.stats.decode_steps += 1
         for seq, row in zip(running, logits, strict=True):

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 from hashing import Namespace
+from store.background import yield_to_requests
 from store.blobs.base import BlobBackend, BlobInfo
 from store.entries import member_name, parse_member
 from store.index.base import BlockIndex
@@ -134,6 +135,7 @@ class GarbageCollector:
         self._thread.start()
 
     def _run(self) -> None:
+        yield_to_requests()
         while not self._stop.wait(self.interval_s):
             try:
                 self._collect_once()

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens
+from store.background import yield_to_requests
 from store.entries import new_entry, parse_member
 from store.errors import StoreUnavailable
 from store.index.base import Publication
@@ -171,6 +172,7 @@ class BlockWriter:
             self.share(None, evicted_budget=len(evicted))
 
     def _loop(self) -> None:
+        yield_to_requests()
         while True:
             job = self._jobs.get()
             try:

@@ -120,6 +120,12 @@ class _EngineAndStoreCollector(Collector):
         yield CounterMetricFamily(
             "kvproxy_prefix_cache_hits", "Prompt tokens served from the prefix cache", value=e.cached_tokens
         )
+        yield CounterMetricFamily("kvproxy_decode_steps", "Batched decode steps run", value=e.decode_steps)
+        yield CounterMetricFamily(
+            "kvproxy_decode_step_seconds",
+            "Seconds inside decode steps (the forward pass only, not sampling or streaming)",
+            value=e.decode_step_seconds,
+        )
         yield GaugeMetricFamily(
             "kvproxy_engine_queue_depth", "Requests waiting for the engine", value=self.engine.queue_depth
         )

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from store.background import yield_to_requests
+
 log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 30.0
@@ -43,6 +45,7 @@ class UsageHistory:
         self._stop.set()
 
     def _run(self) -> None:
+        yield_to_requests()
         while True:
             try:
                 self.sample()

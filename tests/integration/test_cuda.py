@@ -5,11 +5,13 @@ hit, cached == uncached in float32 and bfloat16, and the OpenAI routes on a GPU 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import httpx
 import pytest
 import torch
 
+from engine.model.fetch import ModelError
 from engine.model.loading import load_model
 from engine.sampling import SamplingParams
 from engine.worker import Engine
@@ -18,7 +20,7 @@ from store.blobs.file import FileBlobStore
 from store.cache import BlockCache
 from store.index.memory.index import MemoryIndex
 from store.parts import CacheOptions
-from tests.helpers import build_tiny_model, prefill_prompt, random_tokens, run_engine
+from tests.helpers import build_tiny_model, build_tiny_source_model, prefill_prompt, random_tokens, run_engine
 
 pytestmark = pytest.mark.cuda
 
@@ -89,3 +91,15 @@ def test_openai_routes_on_a_gpu_server(checkpoint, tmp_path, serve) -> None:
         second = httpx.post(url, json=body | {"temperature": 0}, timeout=120)
     assert first.status_code == second.status_code == 200
     assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 256
+
+
+def test_a_source_model_on_cuda_keeps_full_weights_and_says_so(tmp_path, caplog) -> None:
+    """The source codes' kernels are CPU-only: on CUDA ``auto`` serves the float32 checkpoint
+    (``full``) and logs why, and ``--weights source`` is refused naming the device."""
+    source = build_tiny_source_model(tmp_path / "src")
+    with caplog.at_level(logging.INFO, logger="engine.model.formats"):
+        loaded = load_model(str(source), cache_dir=tmp_path, device="cuda")
+    assert loaded.weights == "full" and loaded.device.type == "cuda"
+    assert "weights: full (the source codes' kernels run on the CPU, not on cuda)" in caplog.text
+    with pytest.raises(ModelError, match="run on the CPU, not on cuda"):
+        load_model(str(source), cache_dir=tmp_path, device="cuda", weights="source")
