@@ -34,7 +34,7 @@ class NamespaceIdentity:
             (``engine.model.resolve.model_fingerprint``): a changed checkpoint never reuses old K/V.
         kv_dtype: torch dtype name of the stored K/V, e.g. ``"float32"``.
         tenant: the tenant of the authenticated API key (never from the request body).
-        weights: the weight format of the linear layers (``"full"``, ``"q4_1"``, ...): K/V
+        weights: the weight format the decode step computes on (``"source"``, ``"full"``): K/V
             computed by one format is never reused by another.
         device: the kind of device that computed the K/V (``"cpu"``, ``"cuda"``): kernels differ.
         block_size: tokens per block.
