@@ -17,8 +17,8 @@ from bench.cli import bench
 from engine.model.convert import convert_gguf
 from engine.model.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
 from proxy.cache_commands import cache
-from proxy.config import RouteSettings
 from proxy.flags import load_settings, parse_settings, route_options, settings_options
+from proxy.router.settings import RouteSettings
 
 
 @click.group()

@@ -9,7 +9,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import click
 from pydantic import BeforeValidator, ValidationError
 
-from proxy.config import RouteSettings, ServerSettings, Settings
+from proxy.config import ServerSettings, Settings
+from proxy.router.settings import RouteSettings
 
 S = TypeVar("S", bound=ServerSettings)
 LISTS = frozenset({"upstream", "api_keys", "served_model_name"})

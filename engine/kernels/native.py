@@ -16,56 +16,9 @@ from typing import Any, cast
 import torch
 from transformers import DynamicCache
 
+from engine.kernels.abi import Layer, Linear, Model
 from engine.kv import GrowingLayer
 from engine.model.codes import KINDS, Codes
-
-
-class _Linear(ctypes.Structure):
-    _fields_ = [
-        ("kind", ctypes.c_int32),
-        ("rows", ctypes.c_int32),
-        ("cols", ctypes.c_int32),
-        ("pad", ctypes.c_int32),
-        ("data", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-    ]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        ("attn_norm", ctypes.c_void_p),
-        ("q", _Linear),
-        ("k", _Linear),
-        ("v", _Linear),
-        ("o", _Linear),
-        ("q_norm", ctypes.c_void_p),
-        ("k_norm", ctypes.c_void_p),
-        ("ffn_norm", ctypes.c_void_p),
-        ("gate", _Linear),
-        ("up", _Linear),
-        ("down", _Linear),
-    ]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [
-        ("n_layers", ctypes.c_int32),
-        ("hidden", ctypes.c_int32),
-        ("n_heads", ctypes.c_int32),
-        ("n_kv_heads", ctypes.c_int32),
-        ("head_dim", ctypes.c_int32),
-        ("inter", ctypes.c_int32),
-        ("vocab", ctypes.c_int32),
-        ("max_pos", ctypes.c_int32),
-        ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("embed", _Linear),
-        ("head", _Linear),
-        ("final_norm", ctypes.c_void_p),
-        ("cos_table", ctypes.c_void_p),
-        ("sin_table", ctypes.c_void_p),
-        ("layers", ctypes.c_void_p),
-    ]
 
 
 def unsupported(model: Any) -> str | None:
@@ -114,7 +67,7 @@ class NativeDecoder:
         params = dict(model.named_parameters())
         names = {id(p): n for n, p in params.items()}
 
-        def linear(module: Any, rows: slice | None = None) -> _Linear:
+        def linear(module: Any, rows: slice | None = None) -> Linear:
             weight = module.weight
             code = codes.get(names.get(id(weight), ""))
             bias = getattr(module, "bias", None)
@@ -126,7 +79,7 @@ class NativeDecoder:
             else:
                 data = weight.detach() if rows is None else weight.detach()[rows]
                 kind, shape = 0, tuple(data.shape)
-            return _Linear(kind, shape[0], shape[1], 0, self._ptr(data), self._ptr(bias))
+            return Linear(kind, shape[0], shape[1], 0, self._ptr(data), self._ptr(bias))
 
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         q_rows = config.num_attention_heads * self.head_dim
@@ -155,7 +108,7 @@ class NativeDecoder:
                 gate, up = linear(mlp.gate_proj), linear(mlp.up_proj)
             norms = [getattr(getattr(attn, n, None), "weight", None) for n in ("q_norm", "k_norm")]
             layers.append(
-                _Layer(
+                Layer(
                     self._ptr(layer.input_layernorm.weight),
                     q,
                     k,
@@ -169,12 +122,12 @@ class NativeDecoder:
                     linear(mlp.down_proj),
                 )
             )
-        self._layers = (_Layer * len(layers))(*layers)
+        self._layers = (Layer * len(layers))(*layers)
         self.max_pos = int(getattr(config, "max_position_embeddings", 4096))
         cos, sin = self._rotary(inner, self.max_pos)
         embed = model.get_input_embeddings()
         self.vocab = int(model.lm_head.weight.shape[0])
-        self._model = _Model(
+        self._model = Model(
             len(layers),
             config.hidden_size,
             config.num_attention_heads,

@@ -25,7 +25,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.model.fetch import ModelError, convert_in_child
 from engine.model.resolve import resolve_model_dir
-from proxy.config import RouteSettings
 from proxy.http.auth import DEFAULT_TENANT, Tenant, bearer, get_tenant, parse_api_keys, require_operator
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
@@ -33,6 +32,7 @@ from proxy.router.forward import forward, while_connected
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
 from proxy.router.routing import Router
+from proxy.router.settings import RouteSettings
 from store.index.memory.index import MEMORY_URL
 from store.index.redis.connect import redis_client
 

@@ -12,12 +12,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from hashing import BlockHash
-from proxy.config import RouteSettings
 from proxy.router.identity import Identity, PromptKey
 from proxy.router.index import RouteIndex
 from proxy.router.metrics import RouterMetrics
 from proxy.router.policy import Choice, Endpoint, Thresholds, choose
 from proxy.router.replicas import Replica, Replicas
+from proxy.router.settings import RouteSettings
 from store.breaker import CircuitBreaker
 from store.index.redis.connect import REDIS_ERRORS
 

@@ -30,6 +30,8 @@ from store.serde import BlockVerificationError, decode_block, read_token_ids
 KIND = "kvproxy-cache-snapshot"
 SNAPSHOT_VERSION = 1
 MANIFEST = "manifest.json"
+TAR_ERRORS = (tarfile.TarError, ValueError, OverflowError, EOFError)
+"""What Python's tarfile raises for a malformed archive (bad PAX sparse headers: ``ValueError``)."""
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
@@ -171,3 +173,33 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime = len(data), int(time.time())
     tar.addfile(info, io.BytesIO(data))
+
+
+def load_members(tar: tarfile.TarFile) -> None:
+    """Read every member's header (nothing of their data).
+
+    Raises:
+        SnapshotError: the archive is cut short, naming the member whose declared bytes it lacks.
+    """
+    last = None
+    try:
+        while (member := tar.next()) is not None:
+            last = member
+    except TAR_ERRORS as exc:
+        where = f"{last.name} declares {last.size} bytes the archive does not hold" if last else str(exc)
+        raise SnapshotError(f"not a readable snapshot: {where}") from exc
+
+
+def check_sizes(tar: tarfile.TarFile, blocks: list[Any], limit: int) -> None:
+    """Every block member the manifest lists, checked before any is read: a plain file of the
+    size the manifest gives, at most ``limit`` bytes (a block's largest blob).
+
+    Raises:
+        SnapshotError: naming the first member that is not.
+    """
+    present = set(tar.getnames())
+    for block in blocks:
+        name = block_member(entry_name(block))
+        if name in present:
+            size = block.get("bytes")
+            check_member(tar, name, size if isinstance(size, int) else None, limit, SnapshotError)

@@ -21,13 +21,16 @@ from store.interface import KVSpec
 from store.serde import BlockVerificationError, max_blob_bytes, read_header, read_token_ids
 from store.snapshot.format import (
     MANIFEST,
+    TAR_ERRORS,
     ManifestEntry,
     SnapshotError,
     SnapshotMismatch,
     block_member,
     check_member,
+    check_sizes,
     depth,
     entry_name,
+    load_members,
     manifest_entry,
     read_manifest,
     verify,
@@ -36,8 +39,6 @@ from store.writer import BlockWriter, Stored
 
 BATCH_BYTES = 64 * 1024 * 1024
 """Verified blob bytes held before they are published (one index round trip per batch)."""
-TAR_ERRORS = (tarfile.TarError, ValueError, OverflowError, EOFError)
-"""What Python's tarfile raises for a malformed archive (bad PAX sparse headers: ``ValueError``)."""
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 """The largest manifest read (about 300,000 blocks)."""
 
@@ -91,12 +92,12 @@ def import_snapshot(
     except TAR_ERRORS as exc:
         raise SnapshotError(f"not a kvproxy snapshot: not a tar archive ({exc})") from exc
     with tar:
-        _load_members(tar)
+        load_members(tar)
         check_member(tar, MANIFEST, None, MAX_MANIFEST_BYTES, SnapshotError)
         manifest = read_manifest(tar)
         identity = _identity(manifest, identities)
         blocks = manifest["blocks"]
-        _check_sizes(tar, blocks, max_blob_bytes(spec))
+        check_sizes(tar, blocks, max_blob_bytes(spec))
         report = ImportReport(identity.tenant, identity.digest().hex(), len(blocks))
         run = _Import(tar, writer, spec, identity, ttl_s, report, audit)
         # NOTE: parents first, so a block whose parent was rejected is rejected too: it could
@@ -107,36 +108,6 @@ def import_snapshot(
     if audit:
         report.chains = run.chains()
     return run.report
-
-
-def _load_members(tar: tarfile.TarFile) -> None:
-    """Read every member's header (nothing of their data).
-
-    Raises:
-        SnapshotError: the archive is cut short, naming the member whose declared bytes it lacks.
-    """
-    last = None
-    try:
-        while (member := tar.next()) is not None:
-            last = member
-    except TAR_ERRORS as exc:
-        where = f"{last.name} declares {last.size} bytes the archive does not hold" if last else str(exc)
-        raise SnapshotError(f"not a readable snapshot: {where}") from exc
-
-
-def _check_sizes(tar: tarfile.TarFile, blocks: list[Any], limit: int) -> None:
-    """Every block member the manifest lists, checked before any is read: a plain file of the
-    size the manifest gives, at most ``limit`` bytes (a block's largest blob).
-
-    Raises:
-        SnapshotError: naming the first member that is not.
-    """
-    present = set(tar.getnames())
-    for block in blocks:
-        name = block_member(entry_name(block))
-        if name in present:
-            size = block.get("bytes")
-            check_member(tar, name, size if isinstance(size, int) else None, limit, SnapshotError)
 
 
 def _identity(manifest: dict[str, Any], identities: Mapping[str, NamespaceIdentity]) -> NamespaceIdentity:

@@ -14,9 +14,9 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import RouteSettings
 from proxy.router.app import create_route_app
 from proxy.router.identity import Identity
+from proxy.router.settings import RouteSettings
 from tests.api import Api
 from tests.helpers import ServerThread, random_tokens
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from proxy.app import create_app
-from proxy.config import RouteSettings
 from proxy.router.app import create_route_app
 from proxy.router.identity import Identity
+from proxy.router.settings import RouteSettings
 from tests.helpers import TRAINING_TEXT, ServerThread
 
 WORDS = " ".join(TRAINING_TEXT).split()

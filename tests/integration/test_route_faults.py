@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.config import RouteSettings
 from proxy.router.app import create_route_app
+from proxy.router.settings import RouteSettings
 from tests.conftest import REDIS_URL
 from tests.fake_upstream import fake_upstream
 from tests.helpers import ServerThread, free_port

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from safetensors.torch import load as load_tensors
 
 from hashing import BLOCK_SIZE, block_hashes
-from proxy.config import RouteSettings
 from proxy.flags import parse_settings, route_options
+from proxy.router.settings import RouteSettings
 from store.interface import KVBlock
 from store.serde import encode_block
 from store.snapshot.format import MANIFEST, add_member

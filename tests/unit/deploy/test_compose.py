@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from proxy.config import RouteSettings, Settings
+from proxy.config import Settings
+from proxy.router.settings import RouteSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 FIELDS = {f"KVPROXY_{name.upper()}" for name in Settings.model_fields}

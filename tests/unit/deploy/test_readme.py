@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from proxy.config import RouteSettings, ServerSettings, Settings
+from proxy.config import ServerSettings, Settings
+from proxy.router.settings import RouteSettings
 
 README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 

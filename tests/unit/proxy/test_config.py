@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from proxy.config import RouteSettings, Settings, parse_bytes
+from proxy.config import Settings, parse_bytes
+from proxy.router.settings import RouteSettings
 from proxy.stores import blob_budget, open_blobs
 from store.blobs.s3 import S3BlobStore
 

@@ -40,7 +40,7 @@ def test_the_router_loads_its_tokenizer_without_torch(tmp_path: Path) -> None:
     torch (a fast tokenizer, not AutoTokenizer)."""
     path = build_tiny_model(tmp_path / "tiny")
     code = (
-        "from proxy.config import RouteSettings\n"
+        "from proxy.router.settings import RouteSettings\n"
         "from proxy.router.app import load_identity\n"
         f"s = RouteSettings(upstream='http://127.0.0.1:1/v1', tokenizer={str(path)!r},\n"
         f"    cache_dir={str(tmp_path)!r})\n"

@@ -1,0 +1,70 @@
+"""Settings of ``kvproxy route`` (``docs/router.md``): ``ServerSettings`` plus the replicas and the
+routing policy. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<field>``."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from proxy.config import ServerSettings
+from proxy.router.policy import Policy
+from store.index.redis.connect import redact_url
+
+
+class RouteSettings(ServerSettings):
+    """Everything ``kvproxy route`` can be told (``docs/router.md`` explains each)."""
+
+    port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    upstream: str = Field(
+        ...,
+        min_length=1,
+        description="OpenAI base URLs of the replicas, comma-separated (http://host:port/v1).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Known model name or checkpoint directory whose tokenizer and chat template render "
+        "prompts to token ids as the replicas do (default: hash the prompt's text).",
+    )
+    policy: Policy = Field("cache-aware", description="How a replica is chosen.")
+    route_ttl: int = Field(
+        600, gt=0, description="Seconds a replica is assumed to keep a prompt's blocks after its last use."
+    )
+    route_min_match_tokens: int = Field(
+        128, ge=0, description="Shortest cached prefix (tokens) worth routing for."
+    )
+    route_min_match_fraction: float = Field(
+        0.5, ge=0, le=1, description="Share of the prompt a cached prefix must cover to be routed for."
+    )
+    balance_abs_threshold: int = Field(
+        2, ge=0, description="In-flight difference between replicas beyond which load wins over prefix."
+    )
+    balance_rel_threshold: float = Field(
+        1.5, ge=1, description="...and the ratio of most to least loaded beyond which load wins."
+    )
+    health_interval: float = Field(2.0, gt=0, description="Seconds between health probes of each replica.")
+    connect_timeout: float = Field(2.0, gt=0, description="Seconds to connect to a replica.")
+    first_byte_timeout: float = Field(
+        300.0, gt=0, description="Seconds a replica may take to start answering; then retried elsewhere."
+    )
+    replica_cooldown: float = Field(
+        5.0, gt=0, description="Seconds a failed replica is skipped unless its health probe answers."
+    )
+
+    @field_validator("upstream")
+    @classmethod
+    def _base_urls(cls, upstream: str) -> str:
+        urls = [u.strip().rstrip("/") for u in upstream.split(",") if u.strip()]
+        if not urls:
+            raise ValueError("give at least one replica's OpenAI base URL (http://host:port/v1)")
+        for url in urls:
+            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1", url):
+                raise ValueError(
+                    f"{redact_url(url)!r} is not an OpenAI base URL: http(s)://host:port[/path]/v1"
+                )
+        return upstream
+
+    @property
+    def upstreams(self) -> list[str]:
+        """The replicas' base URLs, without a trailing slash, in the order given."""
+        return [u.strip().rstrip("/") for u in self.upstream.split(",") if u.strip()]
