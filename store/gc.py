@@ -12,7 +12,8 @@ What it reclaims, and why each can exist:
 Every blob access goes through ``BlobBackend`` (a directory or a bucket); unindexed blobs are found
 by listing (``scan``). Nothing here depends on Redis keyspace notifications; running it in several
 processes at once is safe (every index change is an atomic script; deleting a blob twice is
-harmless). ``GarbageCollector`` runs it on a timer.
+harmless). ``GarbageCollector`` runs it on a timer. Beside it, ``evict_to_budget``: the byte
+budget's least-recently-used eviction, which the writer runs after a publish that went over it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from store.background import yield_to_requests
 from store.blobs.base import BlobBackend, BlobInfo
 from store.entries import member_name, parse_member
 from store.index.base import BlockIndex
+from store.parts import StoreParts
 from store.stats import GcReport
 
 log = logging.getLogger(__name__)
@@ -145,3 +147,20 @@ class GarbageCollector:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+def evict_to_budget(parts: StoreParts, max_bytes: int) -> int:
+    """Evict least recently used blocks (index entry, RAM tier, blob) until the blob store holds at
+    most ``max_bytes`` bytes; returns how many were evicted (0 when Redis failed: the guard
+    counted it)."""
+    evicted = parts.guard.redis("evict", parts.index.evict, max_bytes) or []
+    for member in evicted:
+        namespace, block_hash = parse_member(member)
+        parts.ram.drop(namespace, block_hash)
+        try:
+            parts.blobs.delete(namespace, block_hash)
+        except OSError as exc:  # unindexed now: the collector removes it later
+            parts.guard.warn("evict", "cannot delete an evicted blob from %s (%s)", parts.blobs.url, exc)
+    if evicted:
+        parts.recorder.add(evicted_budget=len(evicted))
+    return len(evicted)

@@ -21,8 +21,9 @@ import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens
 from store.background import yield_to_requests
-from store.entries import new_entry, parse_member
+from store.entries import new_entry
 from store.errors import StoreUnavailable
+from store.gc import evict_to_budget
 from store.index.base import Publication
 from store.interface import KVBlock, KVSpec
 from store.parts import CacheOptions, StoreParts
@@ -155,21 +156,9 @@ class BlockWriter:
             )
 
     def evict_to_budget(self) -> None:
-        """Evict least recently used blocks (index, RAM tier, blobs) until within ``max_bytes``."""
-        if self.max_bytes is None:
-            return
-        parts = self.parts
-        evicted = parts.guard.redis("evict", parts.index.evict, self.max_bytes) or []
-        for member in evicted:
-            namespace, block_hash = parse_member(member)
-            parts.ram.drop(namespace, block_hash)
-            try:
-                parts.blobs.delete(namespace, block_hash)
-            except OSError as exc:  # unindexed now: the garbage collector removes it later
-                parts.guard.warn("evict", "cannot delete an evicted blob from %s (%s)", parts.blobs.url, exc)
-        if evicted:
-            parts.recorder.add(evicted_budget=len(evicted))
-            self.share(None, evicted_budget=len(evicted))
+        """Evict least recently used blocks until within ``max_bytes`` (``store.gc.evict_to_budget``)."""
+        if self.max_bytes is not None and (evicted := evict_to_budget(self.parts, self.max_bytes)):
+            self.share(None, evicted_budget=evicted)
 
     def _loop(self) -> None:
         yield_to_requests()
