@@ -157,11 +157,8 @@ def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decod
             continue
         scale = 1e-4 if like.dtype == torch.float32 else 1e-2
         if difference <= scale:
-            log.info(
-                "decode step: %s (max relative logit difference %.1e)",
-                decoder.name,
-                difference,
-            )
+            team = f", {threads} threads" if name == "native" else ""
+            log.info("decode step: %s%s (max relative logit difference %.1e)", decoder.name, team, difference)
             return decoder
         skipped.append(f"{name}: its logits differ from transformers' by {difference:.2e} (relative)")
     log.info("decode step: transformers' forward (%s)", "; ".join(skipped))

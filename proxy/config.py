@@ -171,7 +171,7 @@ class Settings(ServerSettings):
         "the dtype is float32, the device the CPU and a C++ compiler is found, else full.",
     )
     decode_threads: int | None = Field(
-        None, ge=1, description="Threads of the native decode step (default: torch's, the cores)."
+        None, ge=1, le=1024, description="Threads of the native decode step (default: torch's, the cores)."
     )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     default_max_tokens: int = Field(

@@ -70,7 +70,8 @@ def load(cache_dir: Path) -> ctypes.CDLL:
             done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
             if done.returncode != 0:
                 raise KernelUnavailable(
-                    f"{cxx} could not build the decode step: {done.stderr.strip()[-2000:]}"
+                    f"{cxx} could not build the decode step (exit status {done.returncode}): "
+                    f"{done.stderr.strip()[-2000:] or 'it printed nothing'}"
                 )
             out.replace(path)  # NOTE: atomic: another process never loads a partial library
     try:

@@ -108,8 +108,10 @@ def load_model(
 
     Raises:
         ModelError: missing model, unsupported architecture (not a decoder-only model whose
-            layers are all full attention), or an unknown or impossible format.
+            layers are all full attention), an unknown or impossible format, or a device that is
+            not there.
     """
+    kind = device_kind(device)
     name, model_dir = resolve_model_dir(spec, cache_dir, convert_gguf)
     kernels, blocker = None, None
     try:
@@ -119,7 +121,7 @@ def load_model(
         log.warning("decode step: %s; decoding with torch's, several times slower", blocker)
     if blocker is None and not (model_dir / SOURCE_GGUF).is_file():
         blocker = "the model has no GGUF source"
-    dtype, fmt = resolve_formats(dtype, weights, torch.device(device).type, blocker)
+    dtype, fmt = resolve_formats(dtype, weights, kind, blocker)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         # NOTE: device_map (accelerate) puts each weight straight on the device: the host never
@@ -172,6 +174,20 @@ def sliding_window(config: Any) -> int | None:
     ):
         return None
     return int(window) if window < getattr(config, "max_position_embeddings", window + 1) else None
+
+
+def device_kind(device: str) -> str:
+    """The kind of ``device`` (``"cpu"``, ``"cuda"``, ...), once a tensor could be made on it.
+
+    Raises:
+        ModelError: not a torch device name, or none such here (e.g. ``cuda`` with a CPU build).
+    """
+    try:
+        kind = torch.device(device).type
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as exc:  # NOTE: a CPU build's CUDA check is an assert
+        raise ModelError(f"--device {device!r} cannot be used here: {exc}") from None
+    return kind
 
 
 def load_model_apart(spec: str, **options: Any) -> LoadedModel:

@@ -35,11 +35,29 @@ class Running:
 
     def __init__(self, engine: Engine, request: GenerationRequest) -> None:
         loop = asyncio.get_running_loop()
-        self.on_finished: Callable[[Finished], None] | None = None
+        self._on_finished: Callable[[Finished], None] | None = None
+        self._finished: Finished | None = None
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.handle: RequestHandle = engine.submit(
-            request, lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)
+            request, lambda event: loop.call_soon_threadsafe(self._deliver, event)
         )
+
+    def on_finished(self, record: Callable[[Finished], None]) -> None:
+        """Call ``record`` once with the ``Finished`` event, whether or not anyone reads it: a
+        stream whose client left reads no more events, and its cancelled end is still counted."""
+        self._on_finished = record
+        self._record()
+
+    def _deliver(self, event: Event) -> None:
+        self.events.put_nowait(event)
+        if isinstance(event, Finished):
+            self._finished = event
+            self._record()
+
+    def _record(self) -> None:
+        if self._finished is not None and self._on_finished is not None:
+            record, self._on_finished = self._on_finished, None
+            record(self._finished)
 
     def cancel(self) -> None:
         """Stop the generation at its next step (a no-op once it is finished)."""
@@ -48,8 +66,6 @@ class Running:
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             event = await self.events.get()
-            if isinstance(event, Finished) and self.on_finished is not None:
-                self.on_finished(event)
             yield event
             if isinstance(event, Finished | Failed):
                 return
@@ -113,7 +129,7 @@ async def start(request: Request, engine: Engine, generation: GenerationRequest)
     namespace = engine.loaded.namespace(generation.tenant)
     arrived = request.scope["state"]["started"]
     ttft = app.metrics.observe(namespace.hex(), event, arrived)
-    running.on_finished = lambda finished: app.metrics.finished(finished, arrived, ttft)
+    running.on_finished(lambda finished: app.metrics.finished(finished, arrived, ttft))
     explanation = None
     if request.headers.get(EXPLAIN_HEADER) == "1":
         explanation = await explain(

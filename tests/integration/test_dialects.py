@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import anthropic
 import httpx
@@ -230,6 +231,28 @@ def scrape(server) -> dict[str, float]:
     text = httpx.get(f"{server.base_url}/metrics").text
     samples = re.findall(r'^(vllm:\w+)\{model_name="tiny"\} (\S+)$', text, re.M)
     return {name: float(value) for name, value in samples}
+
+
+def finished(server, reason: str) -> float:
+    """``vllm:request_success_total`` of ``reason``."""
+    pattern = rf'^vllm:request_success_total{{[^}}]*finished_reason="{reason}"[^}}]*}} (\S+)'
+    return sum(float(v) for v in re.findall(pattern, httpx.get(f"{server.base_url}/metrics").text, re.M))
+
+
+def test_a_stream_its_client_leaves_is_counted_as_cancelled(cached) -> None:
+    """A streaming client that closes the connection mid-answer reads no ``Finished`` event; its
+    request is still counted, as ``cancelled``, once the engine has stopped it."""
+    before = finished(cached.server, "cancelled")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+    url = f"{cached.server.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body | {"stream": True, "temperature": 0}, timeout=60) as reply:
+        for i, _ in enumerate(reply.iter_lines()):
+            if i == 6:
+                break
+    deadline = time.monotonic() + 30
+    while finished(cached.server, "cancelled") == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert finished(cached.server, "cancelled") == before + 1
 
 
 def test_vllm_metrics_move_by_the_usage(cached) -> None:

@@ -1,13 +1,15 @@
-"""``resolve_formats``: what ``auto`` decides, and what an impossible format says."""
+"""``resolve_formats``: what ``auto`` decides, and what an impossible format or device says."""
 
 from __future__ import annotations
 
 import logging
 
 import pytest
+import torch
 
 from engine.model.fetch import ModelError
 from engine.model.formats import resolve_formats
+from engine.model.loading import device_kind
 
 
 def test_auto_is_float32_on_the_source_codes_where_they_can_run() -> None:
@@ -37,3 +39,14 @@ def test_auto_falls_back_to_full_and_says_why_and_source_is_refused(
 def test_unknown_formats_are_refused(dtype, weights) -> None:
     with pytest.raises(ModelError, match="is not one of"):
         resolve_formats(dtype, weights, "cpu", None)
+
+
+def test_a_device_that_is_not_there_is_refused_before_loading() -> None:
+    """``--device``: a bad name, or a device this torch build or machine lacks, is one clear
+    ``ModelError`` (the CLI prints it in one line), not a traceback from inside the load."""
+    assert device_kind("cpu") == "cpu"
+    with pytest.raises(ModelError, match="--device 'bogus' cannot be used here"):
+        device_kind("bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="--device 'cuda' cannot be used here"):
+            device_kind("cuda")
