@@ -63,21 +63,37 @@ def load(cache_dir: Path) -> ctypes.CDLL:
     digest = xxhash.xxh3_64_hexdigest(source + " ".join([*FLAGS, version, _cpu_flags()]).encode())
     path = Path(cache_dir) / "kernels" / f"decode-{digest}.so"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            src, out = Path(tmp) / "decode.cpp", Path(tmp) / "decode.so"
-            src.write_bytes(source)
-            done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise KernelUnavailable(
-                    f"{cxx} could not build the decode step (exit status {done.returncode}): "
-                    f"{done.stderr.strip()[-2000:] or 'it printed nothing'}"
-                )
-            out.replace(path)  # NOTE: atomic: another process never loads a partial library
+        _build(cxx, source, path)
     try:
         lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
+    except OSError:
+        # NOTE: the build writes atomically, so a library that does not load was damaged from
+        # outside (a full disk, a copied cache directory): built again, once
+        _build(cxx, source, path)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
     lib.kvp_scratch_floats.restype = ctypes.c_int64
     lib.kvp_decode.restype = None
     return lib
+
+
+def _build(cxx: str, source: bytes, path: Path) -> None:
+    """Compile ``source`` into ``path``, replacing it atomically (another process never loads a
+    partial library).
+
+    Raises:
+        KernelUnavailable: the compiler failed.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        src, out = Path(tmp) / "decode.cpp", Path(tmp) / "decode.so"
+        src.write_bytes(source)
+        done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelUnavailable(
+                f"{cxx} could not build the decode step (exit status {done.returncode}): "
+                f"{done.stderr.strip()[-2000:] or 'it printed nothing'}"
+            )
+        out.replace(path)
