@@ -135,10 +135,10 @@ def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decod
     reference = TransformersDecoder(model)
     candidates: list[tuple[str, Callable[[], Decoder] | str]] = []
     lib = loaded.kernels
-    if lib is None:
-        candidates.append(("native", "it was not built"))
-    elif loaded.device.type != "cpu":
+    if loaded.device.type != "cpu":
         candidates.append(("native", "it runs on the CPU"))
+    elif lib is None:
+        candidates.append(("native", "it was not built"))
     else:
         reason = native_unsupported(model)
         candidates.append(("native", reason or (lambda: NativeDecoder(model, loaded.codes, lib, threads))))

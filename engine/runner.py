@@ -20,6 +20,7 @@ import torch
 from engine.audit import Auditor
 from engine.decoding import Decoder
 from engine.forward import prefill_chunks
+from engine.kernels.native import NativeDecoder
 from engine.kv import BufferPool, blocks_from_past
 from engine.model.loading import LoadedModel
 from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
@@ -130,7 +131,7 @@ class Runner:
         start = seq.cached_tokens
         suffix = seq.request.prompt_ids[start:]
         assert seq.past is not None
-        if len(suffix) <= STEPPED_SUFFIX_TOKENS and self.decoder.name.startswith("native"):
+        if len(suffix) <= STEPPED_SUFFIX_TOKENS and isinstance(self.decoder, NativeDecoder):
             return self._stepped(seq.past, suffix, start)
         return prefill_chunks(self.loaded.model, suffix, seq.past, start)
 

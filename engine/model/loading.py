@@ -46,8 +46,8 @@ class LoadedModel:
         eos_token_ids: token ids that end a completion.
         aliases: further names requests may use for it (``--served-model-name``).
         codes: the source's block codes by parameter name (``weights == "source"``), else empty.
-        kernels: the native decode step's library (``engine.kernels.build``), or None where it
-            cannot be built (the decode step is then torch's).
+        kernels: the native decode step's library (``engine.kernels.build``), or None off the CPU
+            or where it cannot be built (the decode step is then torch's).
     """
 
     name: str
@@ -115,7 +115,8 @@ def load_model(
     name, model_dir = resolve_model_dir(spec, cache_dir, convert_gguf)
     kernels, blocker = None, None
     try:
-        kernels = load_kernels(Path(cache_dir))
+        # NOTE: only for the CPU: the library's native step and K/V gather run nowhere else
+        kernels = load_kernels(Path(cache_dir)) if kind == "cpu" else None
     except KernelUnavailable as exc:
         blocker = f"no native decode step ({exc})"
         log.warning("decode step: %s; decoding with torch's, several times slower", blocker)

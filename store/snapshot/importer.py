@@ -151,9 +151,8 @@ class _Import:
     def add(self, block: Any) -> None:
         """Verify one manifest entry's block and queue it, or reject it with the reason."""
         name = entry_name(block)
-        if (
-            name in self.seen
-        ):  # NOTE: the first listing stands; the block is neither counted again nor rejected
+        # NOTE: the first listing stands; a second is reported, neither counted nor rejected
+        if name in self.seen:
             self.report.rejected.append({"hash": name, "reason": "it is listed twice in the manifest"})
             return
         try:
