@@ -19,18 +19,45 @@ DECODE_PROMPT = [{"role": "user", "content": "Write a long story about a dragon 
 
 @dataclass(frozen=True)
 class Conversations:
-    """The conversation workload's outcome: wall seconds and the TTFT of each turn's requests."""
+    """The conversation workload's outcome: wall seconds and each turn's requests (turn -> one
+    ``Result`` per conversation, tokens from the server's usage)."""
 
     wall_s: float
-    ttft_by_turn: list[list[float]]  # turn -> one TTFT per conversation
+    by_turn: list[list[Result]]
 
     @property
     def first_turn_p50_s(self) -> float:
-        return statistics.median(self.ttft_by_turn[0])
+        return statistics.median(r.ttft_s for r in self.by_turn[0])
 
     @property
     def later_turns_p50_s(self) -> float:
-        return statistics.median([t for turn in self.ttft_by_turn[1:] for t in turn])
+        return statistics.median(r.ttft_s for turn in self.by_turn[1:] for r in turn)
+
+    @property
+    def later_uncached_mean(self) -> float:
+        """Mean prompt tokens computed (not from the cache) per request of turns 2 on."""
+        return statistics.mean(r.prompt_tokens - r.cached_tokens for turn in self.by_turn[1:] for r in turn)
+
+    @property
+    def later_new_mean(self) -> float:
+        """Mean tokens per request of turns 2 on that are neither the previous turn's prompt nor
+        its answer: the new user message and the template's markers around the two messages."""
+        pairs = zip(self.by_turn, self.by_turn[1:], strict=False)
+        return statistics.mean(
+            r.prompt_tokens - p.prompt_tokens - p.completion_tokens
+            for before, after in pairs
+            for p, r in zip(before, after, strict=True)
+        )
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the cache over prompt tokens, every turn."""
+        results = [r for turn in self.by_turn for r in turn]
+        return sum(r.cached_tokens for r in results) / sum(r.prompt_tokens for r in results)
+
+    @property
+    def requests(self) -> int:
+        return sum(len(turn) for turn in self.by_turn)
 
 
 def conversations(
@@ -48,15 +75,15 @@ def conversations(
     rng, paragraphs = random.Random(seed), corpus()
     histories = [[{"role": "system", "content": text(rng, system_tokens, paragraphs)}] for _ in range(count)]
     asked = [rng.sample(QUESTIONS, turns) for _ in range(count)]
-    ttft_by_turn: list[list[float]] = [[] for _ in range(turns)]
+    by_turn: list[list[Result]] = [[] for _ in range(turns)]
     start = time.perf_counter()
     for turn in range(turns):
         for history, questions in zip(histories, asked, strict=True):
             history.append({"role": "user", "content": questions[turn]})
             result, answer = client.chat(model, history, reply_tokens)
             history.append({"role": "assistant", "content": answer})
-            ttft_by_turn[turn].append(result.ttft_s)
-    return Conversations(time.perf_counter() - start, ttft_by_turn)
+            by_turn[turn].append(result)
+    return Conversations(time.perf_counter() - start, by_turn)
 
 
 def decode_speed(

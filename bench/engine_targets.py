@@ -4,7 +4,9 @@ the same GGUF, 2 threads, RAM prompt cache on):
 - single-stream decode at least 1.5x llama.cpp's, in kvproxy's default format; 4 concurrent
   streams at least 2x llama.cpp's aggregate; the server's single stream within 20% of its own
   decode step's rate (from the server's ``kvproxy_decode_step*`` counters);
-- turns 2-3 of the conversation workload at least 3x faster to first token than llama.cpp's;
+- turns 2-3 of the conversation workload at least 5x faster to first token than llama.cpp's, and
+  computing no more than each turn's new message and the template's markers (the rest reused to
+  the token: blocks and tails); what tails store and what they buy, against ``--no-tails``;
 - a row per format (batch-1 decode, cold and hit TTFT), aggregate decode at 1, 4 and 8 streams;
 - the promise: a cached answer is the cold answer (``bench.promise``) in each exact format, and
   the default format's answers against the float32 checkpoint's (``full``), on the sweep's
@@ -46,11 +48,17 @@ full length."""
 def measure_engine(work: Path, prefix: str, llama: tuple[str, Path] | None) -> dict[str, Any]:
     """Every measurement of the engine's targets (servers run one at a time)."""
     out: dict[str, Any] = {"peers": {}, "formats": {}, "concurrency": {}, "sweep": {}, "threads": {}}
+    out["stored"] = {}
     url = f"http://127.0.0.1:{KVPROXY_PORT}"
     peers: dict[str, tuple[Any, Client, str]] = {
         "kvproxy": (lambda: serve(KVPROXY_PORT, work / "e-blobs", prefix + "e:"), Client(f"{url}/v1"), MODEL),
         "kvproxy --no-cache": (
             lambda: serve(KVPROXY_PORT, work / "e-off", prefix + "eoff:", "--no-cache"),
+            Client(f"{url}/v1"),
+            MODEL,
+        ),
+        "kvproxy --no-tails": (
+            lambda: serve(KVPROXY_PORT, work / "e-blocks", prefix + "eblocks:", "--no-tails"),
             Client(f"{url}/v1"),
             MODEL,
         ),
@@ -62,6 +70,11 @@ def measure_engine(work: Path, prefix: str, llama: tuple[str, Path] | None) -> d
         with running(start()):
             health = httpx.get(f"{url}/health", timeout=10).json() if label.startswith("kvproxy") else {}
             talks = conversations(client, model)
+            if label in ("kvproxy", "kvproxy --no-tails"):
+                out["stored"][label] = stored_per_request(url, talks.requests)
+            if label == "kvproxy --no-tails":  # NOTE: only the conversations, beside the default
+                out["blocks_only"] = talks
+                continue
             before = step_counters(url) if label == "kvproxy" else None
             out["peers"][label] = {
                 "conversations": talks,
@@ -163,6 +176,18 @@ CHATS = (
 def chat_prompts() -> list[str]:
     """``CHATS`` as the model's chat template (ChatML) renders them, for the completions route."""
     return [f"<|im_start|>user\n{chat}<|im_end|>\n<|im_start|>assistant\n" for chat in CHATS]
+
+
+def stored_per_request(url: str, requests: int) -> dict[str, float]:
+    """What the server stored per request so far (bytes of blocks and of tails, tails), from the
+    deployment's counters and the blob store's size (``/stats``)."""
+    stats = httpx.get(f"{url}/stats", timeout=10).json()["deployment"]
+    tail_bytes = stats.get("tail_bytes_saved", 0)
+    return {
+        "tails": stats.get("tails_saved", 0) / requests,
+        "tail_bytes": tail_bytes / requests,
+        "block_bytes": (stats["bytes"] - tail_bytes) / requests,
+    }
 
 
 def step_counters(url: str) -> tuple[float, float]:

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.buffers import BufferPool
 from engine.decoding import Decoder
 from engine.forward import prefill_chunks
-from engine.kv import BufferPool, blocks_from_past, past_from_blocks
+from engine.kv import blocks_from_past, past_from_blocks
 from engine.model.loading import LoadedModel
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
 from store.interface import PrefixCache
@@ -67,6 +68,8 @@ class AuditCapture:
     prompt_ids: tuple[int, ...]
     cached_blocks: int
     logits: torch.Tensor
+    cached_tokens: int = 0
+    tail: BlockHash | None = None  # the tail the hit was served (``hashing.tails``)
     tokens: list[int] = field(default_factory=list)
     greedy: list[int] = field(default_factory=list)
 
@@ -82,7 +85,7 @@ class AuditResult:
     """The comparison of one hit with its cold recomputation.
 
     Attributes:
-        block_hashes: the hit's cached blocks, in chain order.
+        block_hashes: the hit's cached blocks, in chain order, then its tail's hash when it had one.
         max_logit_difference: max |hit - cold| over the first token's logits.
         tolerance: the largest difference accepted (absolute, from ``RELATIVE_TOLERANCE``).
         tokens_compared: greedy choices compared (the first token's included).
@@ -125,12 +128,20 @@ class Auditor:
         self._random = random.Random()
 
     def capture(
-        self, namespace: Namespace, prompt_ids: tuple[int, ...], cached_blocks: int, logits: torch.Tensor
+        self,
+        namespace: Namespace,
+        prompt_ids: tuple[int, ...],
+        cached_blocks: int,
+        logits: torch.Tensor,
+        cached_tokens: int,
+        tail: BlockHash | None = None,
     ) -> AuditCapture | None:
-        """A capture for a hit sampled for audit (``cached_blocks`` > 0), else None."""
-        if cached_blocks == 0 or self.rate <= 0 or self._random.random() >= self.rate:
+        """A capture for a hit (``cached_tokens`` > 0: ``cached_blocks`` blocks, then ``tail``
+        when a tail served the rest) sampled for audit, else None."""
+        if cached_tokens == 0 or self.rate <= 0 or self._random.random() >= self.rate:
             return None
-        return AuditCapture(namespace, prompt_ids, cached_blocks, logits.detach().float().cpu().clone())
+        logits = logits.detach().float().cpu().clone()
+        return AuditCapture(namespace, prompt_ids, cached_blocks, logits, cached_tokens, tail)
 
     def submit_import(self, namespace: Namespace, token_ids: Sequence[int]) -> None:
         """Queue an imported chain (its full blocks' token ids, from block 0) for its audit; safe
@@ -209,10 +220,11 @@ class Auditor:
             if best != greedy and float(logits[best] - logits[greedy]) > tolerance:
                 mismatch = True
         hashes = block_hashes(capture.prompt_ids[: capture.cached_blocks * BLOCK_SIZE], capture.namespace)
+        hashes += [capture.tail] if capture.tail is not None else []
         result = AuditResult(
             capture.namespace,
             len(capture.prompt_ids),
-            min(capture.cached_blocks * BLOCK_SIZE, len(capture.prompt_ids) - 1),
+            capture.cached_tokens,
             tuple(hashes),
             difference,
             tolerance,
@@ -221,7 +233,8 @@ class Auditor:
         )
         if mismatch and self.cache is not None:
             log.warning(
-                "cache audit mismatch (max logit difference %.3g > %.3g): removing the prefix's %d blocks %s",
+                "cache audit mismatch (max logit difference %.3g > %.3g): removing the prefix's %d blocks "
+                "(and tail) %s",
                 difference,
                 tolerance,
                 len(hashes),

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
+from engine.buffers import BufferPool
 from engine.forward import decode_batch, decode_step, prefill
 from engine.kernels.native import NativeDecoder
 from engine.kernels.native import unsupported as native_unsupported
-from engine.kv import BufferPool, past_from_blocks
+from engine.kv import past_from_blocks
 from engine.lean_layers import LayerStep, decode_fn
 from engine.model.loading import LoadedModel, sliding_window
 

@@ -20,11 +20,12 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache
 
-from engine.kv import BufferPool, past_from_blocks
+from engine.buffers import BufferPool
+from engine.kv import past_from_blocks
 from engine.model.loading import LoadedModel
 from engine.sequence import Sequence as Seq
 from engine.sequence import State
-from hashing import Namespace, reusable_tokens
+from hashing import BlockHash, Namespace, reusable_tokens
 from store.interface import PrefixCache, PrefixMatch, TtlPlan
 from store.outcomes import MissReason
 
@@ -41,6 +42,8 @@ class LoadedPrefix(NamedTuple):
     cached_tokens: int
     cached_blocks: int
     miss_reason: MissReason | None
+    tail_tokens: int = 0  # of cached_tokens, served by a tail (``hashing.tails``)
+    tail_hash: BlockHash | None = None  # that tail's
 
 
 def load_prefix(
@@ -59,9 +62,10 @@ def load_prefix(
     if cache is not None:
         match = cache.lookup(namespace, prompt_ids, ttl_s=ttl_s, count=count)
     reused = reusable_tokens(len(prompt_ids), match.num_blocks)
-    return LoadedPrefix(
-        past_from_blocks(match.blocks, reused, buffers, kernels), reused, match.num_blocks, match.miss_reason
-    )
+    past = past_from_blocks(match.blocks, reused, buffers, kernels, match.tail, match.tail_tokens)
+    reused += match.tail_tokens
+    tail = match.tail.block_hash if match.tail is not None else None
+    return LoadedPrefix(past, reused, match.num_blocks, match.miss_reason, match.tail_tokens, tail)
 
 
 class PrefixLoader:
@@ -92,12 +96,16 @@ class PrefixLoader:
     def _loop(self) -> None:
         while True:
             seq = self._jobs.get()
-            try:
-                self._load(seq)
-            except Exception as exc:  # a bug must fail this request, not the stage
-                log.exception("loading a cached prefix failed")
-                seq.error = exc
+            self.load_now(seq)
             self.ready(seq)
+
+    def load_now(self, seq: Seq) -> None:
+        """The stage of ``seq`` on this thread; a failure sets ``seq.error``."""
+        try:
+            self._load(seq)
+        except Exception as exc:  # a bug must fail this request, not the stage
+            log.exception("loading a cached prefix failed")
+            seq.error = exc
 
     def _load(self, seq: Seq) -> None:
         request, start = seq.request, time.perf_counter()
@@ -115,5 +123,6 @@ class PrefixLoader:
         )
         seq.past, seq.cached_tokens = prefix.past, prefix.cached_tokens
         seq.cached_blocks, seq.miss_reason = prefix.cached_blocks, prefix.miss_reason
+        seq.tail_tokens, seq.tail_hash = prefix.tail_tokens, prefix.tail_hash
         seq.load_s = time.perf_counter() - start
         seq.state = State.PREFILLING

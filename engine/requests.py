@@ -32,9 +32,11 @@ class GenerationRequest:
         top_logprobs: how many most likely alternatives to report with each token.
         cache_ttl_s: TTLs of the blocks this request stores or hits (``store.interface.TtlPlan``:
             one for all, one per leading block, or None for the cache's default).
-        prewarm: only compute and store the prompt's K/V: the prompt's blocks are saved and the
-            request ends (``Finished("length", 0)``) without sampling; it is counted apart
+        prewarm: only compute and store the prompt's K/V: the prompt's blocks and tail are saved
+            and the request ends (``Finished("length", 0)``) without sampling; it is counted apart
             (``EngineStats.prewarm_tokens``), never in the hit rates.
+        boundaries: prompt positions (tokens) where later prompts may diverge, e.g. where the
+            system prompt ends: the tail up to each is stored too (``hashing.tails``).
     """
 
     prompt_ids: tuple[int, ...]
@@ -45,6 +47,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     cache_ttl_s: TtlPlan = None
     prewarm: bool = False
+    boundaries: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class PrefillDone:
         miss_reason: why the cached prefix stopped where it did (None: it did not).
         load_s: seconds the lookup stage took (Redis, blob reads, verification, copy).
         prefill_s: seconds from admission to the first token's logits (``load_s`` included).
+        tail_tokens: of ``cached_tokens``, those a tail served (``hashing.tails``).
     """
 
     prompt_tokens: int
@@ -66,15 +70,16 @@ class PrefillDone:
     miss_reason: MissReason | None = None
     load_s: float = 0.0
     prefill_s: float = 0.0
+    tail_tokens: int = 0
 
     @property
     def kind(self) -> CacheKind:
-        return cache_kind(self.prompt_tokens, self.cached_blocks)
+        return cache_kind(self.prompt_tokens, self.cached_blocks, self.cached_tokens)
 
     @property
     def first_miss(self) -> tuple[int | None, MissReason | None]:
         """See ``store.outcomes.first_miss``."""
-        return first_miss(self.prompt_tokens, self.cached_blocks, self.miss_reason)
+        return first_miss(self.prompt_tokens, self.cached_blocks, self.miss_reason, self.cached_tokens)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The runner: computes one step on the model thread, and what follows from it.
 
 A prefill chunk of one sequence; at the end of its prompt, ``PrefillDone``, the first token and
-the prompt's new blocks handed to the cache. A batched decode step of the others; each token
-sampled and emitted. At the end of a sequence, ``Finished``, the blocks its completion completed
-handed to the cache, its buffers given back.
+the prompt's new blocks and tail handed to the cache. A batched decode step of the others; each
+token sampled and emitted. At the end of a sequence, ``Finished``, the blocks and tail its
+completion completed handed to the cache (its last token fed first), its buffers given back.
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ from typing import Any
 import torch
 
 from engine.audit import Auditor
+from engine.buffers import BufferPool
 from engine.decoding import Decoder
 from engine.forward import prefill_chunks
 from engine.kernels.native import NativeDecoder
-from engine.kv import BufferPool, blocks_from_past
 from engine.model.loading import LoadedModel
 from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
 from engine.sampling import logprobs
 from engine.scheduler import Step
 from engine.sequence import Sequence, State
-from hashing import BLOCK_SIZE, num_full_blocks
+from engine.storing import Storer
+from hashing import num_full_blocks
 from store.interface import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class Runner:
     ) -> None:
         self.loaded, self.cache, self.buffers, self.decoder = loaded, cache, buffers, decoder
         self.auditor = auditor
+        self.storer = Storer(loaded, cache)
         self.stats = EngineStats()
 
     def run(self, step: Step) -> None:
@@ -104,11 +106,13 @@ class Runner:
             return
         n = seq.n
         elapsed = time.perf_counter() - seq.admitted
-        done = PrefillDone(n, seq.cached_tokens, seq.cached_blocks, seq.miss_reason, seq.load_s, elapsed)
+        done = PrefillDone(
+            n, seq.cached_tokens, seq.cached_blocks, seq.miss_reason, seq.load_s, elapsed, seq.tail_tokens
+        )
         seq.handle.emit(done)
         if seq.request.prewarm:
             self.stats.prewarm_tokens += n - seq.cached_tokens
-            self._save(seq, seq.request.prompt_ids, seq.cached_blocks, num_full_blocks(n))
+            self.storer.store(seq, seq.request.prompt_ids, seq.cached_blocks, n)
             self._end(seq, "length")
             return
         self.stats.requests += 1
@@ -117,10 +121,15 @@ class Runner:
         self.stats.prefill_tokens += n - seq.cached_tokens
         seq.state = State.DECODING
         namespace = self.loaded.namespace(seq.request.tenant)
-        seq.audit = self.auditor.capture(namespace, seq.request.prompt_ids, seq.cached_blocks, logits)
+        seq.audit = self.auditor.capture(
+            namespace, seq.request.prompt_ids, seq.cached_blocks, logits, seq.cached_tokens, seq.tail_hash
+        )
         reason = self._next_token(seq, logits)
         # NOTE: saved after the first token is out, so storing never delays time to first token
-        self._save(seq, seq.request.prompt_ids, seq.cached_blocks, num_full_blocks(n))
+        self.storer.store(seq, seq.request.prompt_ids, seq.cached_blocks, n)
+        for boundary in seq.request.boundaries:
+            if 0 < boundary < n - 1:
+                self.storer.tail(seq, seq.request.prompt_ids, boundary)
         if reason is not None:
             self._end(seq, reason)
 
@@ -180,22 +189,41 @@ class Runner:
         return "length" if len(seq.generated) >= seq.request.max_tokens else None
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
-        """Store the blocks the completion completed (not for a cancelled one), then emit
-        ``Finished``.
+        """Feed the completion's last token (``_feed_last``) and store the blocks and tail it
+        completed (not for a cancelled one), then emit ``Finished``.
 
-        NOTE: saved first, so a client that sends its next turn the moment this one ends finds
-        these blocks (served from the writer's pending blocks until they are on disk).
+        NOTE: stored first, so a client that sends its next turn the moment this one ends finds
+        them (served from the writer's pending blocks until they are on disk).
         """
         if reason == "cancelled":
             seq.handle.emit(Finished("cancelled", len(seq.generated)))
         else:
-            sequence = seq.request.prompt_ids + tuple(seq.generated)
-            self._save(seq, sequence, num_full_blocks(seq.n), num_full_blocks(seq.fed))
+            if self.cache is not None and seq.generated:
+                self._feed_last(seq)
+            if seq.fed > seq.n:
+                sequence = seq.request.prompt_ids + tuple(seq.generated)
+                self.storer.store(seq, sequence, num_full_blocks(seq.n), seq.fed)
             finished = Finished(reason, len(seq.generated), seq.text.finish(), seq.text.stop_sequence)
             seq.handle.emit(finished)
             if seq.audit is not None:
                 self.auditor.submit(seq.audit)
         self._release(seq)
+
+    def _feed_last(self, seq: Sequence) -> None:
+        """Feed a finished completion's last token: nothing was sampled after it, so it was never
+        fed, yet the next turn's prompt holds it (the answer's last word, or the end-of-turn
+        marker the template writes after an answer). One decode step before the answer ends (its
+        text is all out); if it fails, what is stored ends a token earlier."""
+        assert seq.past is not None
+        try:
+            start = time.perf_counter()
+            self.decoder([seq.generated[-1]], [seq.past], [seq.fed])
+        except Exception:
+            log.exception("feeding a finished completion's last token failed")
+            return
+        self.stats.decode_step_seconds += time.perf_counter() - start
+        self.stats.decode_tokens += 1
+        self.stats.decode_steps += 1
 
     def _fail(self, seq: Sequence, error: BaseException) -> None:
         self._release(seq)
@@ -206,18 +234,6 @@ class Runner:
         if seq.buffers is not None:
             self.buffers.release(seq.buffers)
             seq.buffers = None
-
-    def _save(self, seq: Sequence, token_ids: tuple[int, ...], first_block: int, end_block: int) -> None:
-        """Hand blocks ``[first_block, end_block)`` of ``token_ids`` (fed, so in the past) to the
-        cache."""
-        if self.cache is None or end_block <= first_block:
-            return
-        assert seq.past is not None
-        key, value = blocks_from_past(seq.past, first_block, end_block)
-        namespace = self.loaded.namespace(seq.request.tenant)
-        self.cache.save(
-            namespace, token_ids[: end_block * BLOCK_SIZE], first_block, key, value, seq.request.cache_ttl_s
-        )
 
     def snapshot(self) -> EngineStats:
         """A copy of the counters."""

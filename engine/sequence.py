@@ -3,13 +3,14 @@
 Ranges of one request (n prompt tokens, k leading blocks cached and verified, g generated)::
 
     prompt_ids                                                  generated
-    |<------ reused r = min(128k, n-1) ------>|<-- prefilled -->|<--- decoded --->|
-    0                                         r                 n             n+g-1 (last token
-    blocks saved after prefill:  [k, n // 128)                                     is never fed)
-    blocks saved at the end:     [n // 128, (n + g - 1) // 128)
+    |<-- reused r = min(128k, n-1) + t -->|<-- prefilled -->|<--- decoded --->|
+    0                                     r                 n             n+g-1 (the last token
+    saved after prefill:  blocks [k, n // 128), then the tail [128 (n // 128), n)   is fed as the
+    saved at the end:     blocks [n // 128, (n + g) // 128), then the tail up to n + g   answer ends)
 
-r is ``hashing.reusable_tokens(n, k)``: the last prompt token is always computed, since its logits
-are what the first token is sampled from, and no token is ever fed twice.
+r is ``hashing.reusable_tokens(n, k)`` plus the t tokens a tail served (``hashing.tails``; the
+lookup takes at most n - 1 - 128k of them): the last prompt token is always computed, since its
+logits are what the first token is sampled from, and no token is ever fed twice.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from engine.audit import AuditCapture
 from engine.requests import GenerationRequest, RequestHandle
 from engine.sampling import Sampler
 from engine.text import TextStream
+from hashing import BlockHash
 from store.outcomes import MissReason
 
 
@@ -53,6 +55,8 @@ class Sequence:
     past: DynamicCache | None = None  # K/V of every fed position
     cached_tokens: int = 0  # r in the diagram above
     cached_blocks: int = 0  # k
+    tail_tokens: int = 0  # of cached_tokens, served by a tail
+    tail_hash: BlockHash | None = None  # that tail's
     miss_reason: MissReason | None = None
     load_s: float = 0.0
     chunks: Iterator[torch.Tensor] | None = None  # the prefill's steps, made on the model thread

@@ -3,11 +3,12 @@
 A request goes ``submit`` -> scheduler (waits, is admitted) -> loader threads (its cached prefix
 becomes its past) -> model thread (prefill chunks taking turns, then batched decode steps), and
 its events go to the caller's ``emit`` as they happen; with nothing else to do, the model thread
-audits sampled hits (``engine.audit``). Its whole loop::
+computes the starts of next turns (``engine.render_ahead``), then audits sampled hits
+(``engine.audit``). Its whole loop::
 
-    while (step := scheduler.next_step(loader.load, auditor.pending)) is not None:
+    while (step := scheduler.next_step(loader.load, background)) is not None:
         if step.idle:
-            auditor.step()
+            ahead.step() if ahead.pending else auditor.step()
         else:
             runner.run(step)
             scheduler.step_done(step)
@@ -22,11 +23,12 @@ from collections.abc import Callable
 import torch
 
 from engine.audit import Auditor, AuditResult
+from engine.buffers import BufferPool
 from engine.decoding import Decoder, pick_decoder
 from engine.forward import use_batched_attention
-from engine.kv import BufferPool
 from engine.model.loading import LoadedModel
 from engine.prefix_stage import PrefixLoader
+from engine.render_ahead import RenderAhead
 from engine.requests import Event, GenerationRequest, RequestHandle
 from engine.runner import EngineStats, Runner
 from engine.sampling import Sampler
@@ -78,6 +80,7 @@ class Engine:
         self.decoder: Decoder
         self.auditor: Auditor
         self.runner: Runner
+        self.ahead: RenderAhead
         self._failed: BaseException | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(like,), name="kvproxy-model", daemon=True)
@@ -92,14 +95,21 @@ class Engine:
             parts = (self.loaded, self.cache, self.buffers, self.decoder)
             self.auditor = Auditor(*parts, self.audit_rate)
             self.runner = Runner(*parts, self.auditor)
+            self.ahead = RenderAhead(self.loaded, self.loader, self.runner)
         except BaseException as exc:  # raised again by __init__
             self._failed = exc
             return
         finally:
             self._ready.set()
-        auditor = self.auditor
-        while (step := self.scheduler.next_step(self.loader.load, lambda: auditor.pending > 0)) is not None:
-            if step.idle:
+        auditor, ahead = self.auditor, self.ahead
+
+        def background() -> bool:
+            return ahead.pending > 0 or auditor.pending > 0
+
+        while (step := self.scheduler.next_step(self.loader.load, background)) is not None:
+            if step.idle and ahead.pending:
+                ahead.step()
+            elif step.idle:
                 auditor.step()
             else:
                 self.runner.run(step)
@@ -122,6 +132,13 @@ class Engine:
         """Wait (at most ``timeout_s`` seconds) until the blocks handed to the cache are stored;
         True when they all are (or there is no cache)."""
         return self.cache is None or self.cache.flush(timeout_s)
+
+    def render_ahead(self, request: GenerationRequest) -> None:
+        """Compute and store ``request``'s prompt (a next turn's start, ``prewarm`` set) in idle
+        time (``engine.render_ahead``); a no-op without a cache."""
+        if self.cache is not None:
+            self.ahead.submit(request)
+            self.scheduler.wake()
 
     def audit_imports(self, namespace: Namespace, chains: list[list[int]]) -> None:
         """Recompute imported chains (token ids from block 0) in idle time and have the cache serve

@@ -8,9 +8,9 @@ Pure functions, no I/O. The rules are normative (docs/design.md, "Block identity
 - block 0: ``h0 = xxh3_128(N || ids[0:128] as little-endian uint32)``;
 - block i: ``hi = xxh3_128(h(i-1) || ids[128i:128i+128] as little-endian uint32)``.
 
-A partial last block is never hashed. ``block_tokens`` is the one place a block's token ids are
-sliced out of a sequence, and ``reusable_tokens`` the one place the "reuse at most n - 1 tokens"
-rule is written.
+A partial last block is not a block: it may be cached as a *tail* (``hashing.tails``).
+``block_tokens`` is the one place a block's token ids are sliced out of a sequence, and
+``reusable_tokens`` the one place the "reuse at most n - 1 tokens" rule is written.
 """
 
 from hashing.blocks import (
@@ -27,6 +27,7 @@ from hashing.blocks import (
 )
 from hashing.identity import NamespaceIdentity
 from hashing.route import BYTES_PER_TOKEN, TEXT_BLOCK_BYTES, route_namespace
+from hashing.tails import short_tail_hash, tail_hash
 
 __all__ = [
     "BLOCK_SIZE",
@@ -43,4 +44,6 @@ __all__ = [
     "num_full_blocks",
     "reusable_tokens",
     "route_namespace",
+    "short_tail_hash",
+    "tail_hash",
 ]

@@ -160,6 +160,12 @@ class Settings(ServerSettings):
     gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
     gc_grace: float = Field(60.0, ge=0, description="Seconds an unindexed blob is kept before collection.")
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
+    no_tails: bool = Field(
+        False, description="Cache whole 128-token blocks only, no tails (the tokens after the last one)."
+    )
+    no_render_ahead: bool = Field(
+        False, description="Do not compute the start of a chat's next turn in idle time after each turn."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="Activation and KV dtype; auto: float32, the exact mode.",

@@ -79,6 +79,7 @@ def cache_options(settings: Settings, budget: int | None) -> CacheOptions:
         read_timeout_s=settings.cache_read_timeout,
         gc_grace_s=settings.gc_grace,
         pin_memory=torch.device(settings.device).type == "cuda",
+        tails=not settings.no_tails,
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache, partial
 from typing import IO, Any, TypeVar
 
-from hashing import Namespace, NamespaceIdentity, block_hashes
+from hashing import BLOCK_SIZE, Namespace, NamespaceIdentity, block_hashes, tail_hash
 from store import report
 from store.admin_interface import CacheHealth
 from store.errors import StoreUnavailable
@@ -90,11 +90,16 @@ class StoreAdmin:
         args = (self.parts.index, self.parts.blobs, namespace, token_ids, block)
         return self.parts.guard.redis("children", report.divergence, *args)
 
-    def indexed_blocks(self, namespace: Namespace, token_ids: Sequence[int]) -> int | None:
+    def indexed_tokens(self, namespace: Namespace, token_ids: Sequence[int]) -> tuple[int, int] | None:
         hashes = block_hashes(token_ids, namespace)
+        rest = token_ids[len(hashes) * BLOCK_SIZE :]
+        tail = [tail_hash(hashes[-1] if hashes else namespace, rest)] if rest else []
         index, scope = self.parts.index, namespace.hex()
-        missing = self.parts.guard.redis("exists", index.missing, namespace, hashes, scope=scope)
-        return None if missing is None else next((i for i, gone in enumerate(missing) if gone), len(hashes))
+        missing = self.parts.guard.redis("exists", index.missing, namespace, hashes + tail, scope=scope)
+        if missing is None:
+            return None
+        blocks = next((i for i, gone in enumerate(missing[: len(hashes)]) if gone), len(hashes))
+        return blocks, len(rest) if blocks == len(hashes) and tail and not missing[-1] else 0
 
     def gc(self, grace_s: float | None = None) -> GcReport | None:
         """One collection (``store.gc``), then eviction down to the byte budget; None when Redis

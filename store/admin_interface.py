@@ -64,9 +64,10 @@ class CacheAdmin(Protocol):
         ``(token position, the sibling's token ids)``, or None."""
         ...
 
-    def indexed_blocks(self, namespace: Namespace, token_ids: Sequence[int]) -> int | None:
-        """How many leading full blocks of ``token_ids`` the index holds now (no TTL refreshed,
-        nothing counted, no blob read)."""
+    def indexed_tokens(self, namespace: Namespace, token_ids: Sequence[int]) -> tuple[int, int] | None:
+        """How many leading full blocks of ``token_ids`` the index holds now, and the tokens of
+        its tail (all of them after its full blocks) when the index holds that too, else 0 (no
+        TTL refreshed, nothing counted, no blob read); None when the index is unreachable."""
         ...
 
     def gc(self, grace_s: float | None = None) -> GcReport | None:

@@ -75,6 +75,22 @@ class BlockCache:
         ttls = block_ttls(ttl_s, first_block + key.shape[0], self.options.ttl_s)[first_block:]
         self.writer.save(namespace, token_ids, first_block, key, value, ttls)
 
+    def save_tail(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        ttl_s: TtlPlan = None,
+    ) -> None:
+        """See ``PrefixCache.save_tail``: queue the tail for the background writer (unless tails
+        are off, ``CacheOptions.tails``)."""
+        if not self.options.tails:
+            return
+        position = len(token_ids) // BLOCK_SIZE
+        ttl = block_ttls(ttl_s, position + 1, self.options.ttl_s)[position]
+        self.writer.save_tail(namespace, token_ids, key, value, ttl)
+
     def flush(self, timeout_s: float) -> bool:
         """See ``PrefixCache.flush``."""
         return self.writer.flush(timeout_s)

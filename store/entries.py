@@ -20,6 +20,8 @@ class IndexEntry:
         created: Unix time (seconds) the entry was published.
         imported: the block came from a snapshot and waits for its audit (``--audit-imports``):
             lookups never serve it until the audit confirms it (``BlockIndex.promote``).
+        tail: for a tail (``hashing.tails``), its length in tokens; 0 for a block. A tail's
+            ``parent`` is its tip (``""``: the namespace root).
     """
 
     blob: str
@@ -27,17 +29,18 @@ class IndexEntry:
     parent: str
     created: float
     imported: bool = False
+    tail: int = 0
 
     def to_json(self) -> str:
         doc: dict[str, object] = {"blob": self.blob, "bytes": self.size, "parent": self.parent}
         doc |= {"created": self.created} | ({"imported": True} if self.imported else {})
-        return json.dumps(doc)
+        return json.dumps(doc | ({"tail": self.tail} if self.tail else {}))
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> IndexEntry:
         doc = json.loads(raw)
         fields = str(doc["blob"]), int(doc["bytes"]), str(doc["parent"]), float(doc["created"])
-        return cls(*fields, imported=doc.get("imported") is True)
+        return cls(*fields, imported=doc.get("imported") is True, tail=int(doc.get("tail", 0)))
 
 
 def member_name(namespace: Namespace, block_hash: BlockHash) -> str:
@@ -57,6 +60,8 @@ def parse_member(member: str) -> tuple[Namespace, BlockHash]:
     return Namespace(bytes.fromhex(ns_hex)), BlockHash(bytes.fromhex(hash_hex))
 
 
-def new_entry(blob: str, size: int, parent: BlockHash | None, imported: bool = False) -> IndexEntry:
+def new_entry(
+    blob: str, size: int, parent: BlockHash | None, imported: bool = False, tail: int = 0
+) -> IndexEntry:
     """An entry for a blob just written, created now."""
-    return IndexEntry(blob, size, parent.hex() if parent is not None else "", time.time(), imported)
+    return IndexEntry(blob, size, parent.hex() if parent is not None else "", time.time(), imported, tail)

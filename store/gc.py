@@ -3,8 +3,9 @@
 What it reclaims, and why each can exist:
 - **expired**: an index entry's TTL ran out (Redis deleted it); its LRU member, size record and
   blob remain until collected.
-- **orphan**: an entry whose parent entry is gone. Lookups stop at the first missing block, so it
-  can never be served; it only holds storage.
+- **orphan**: an entry whose parent entry is gone (a tail's parent is its tip). Lookups stop at
+  the first missing block, so it can never be served; it only holds storage.
+- **expired tail listings** (``BlockIndex.prune_tails``), after tips no lookup reads again.
 - **missing blob**: an entry whose blob was deleted outside kvproxy.
 - **unindexed blob**: a blob no entry accounts for (Redis restarted empty, a publish failed, a
   writer crashed). Only after ``grace_s`` seconds, so a blob written but not yet published is safe.
@@ -49,6 +50,7 @@ def collect(index: BlockIndex, blobs: BlobBackend, grace_s: float) -> GcReport:
         _collect_index(index, blobs, tally)
         if tally.orphans == orphans_before:
             break
+    index.prune_tails()
     _collect_blobs(index, blobs, grace_s, tally)
     return tally
 

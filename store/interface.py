@@ -69,14 +69,15 @@ class KVSpec:
 
 @dataclass(frozen=True)
 class KVBlock:
-    """One verified block of K/V.
+    """One verified block of K/V, or one tail (``hashing.tails``).
 
     Attributes:
-        index: position of the block in its chain (block i covers tokens ``[128i, 128i+128)``).
-        block_hash: the chained hash naming tokens ``[0, 128(i+1))``.
-        token_ids: the block's 128 token ids.
+        index: position of the block in its chain (block i covers tokens ``[128i, 128i+128)``);
+            a tail after i blocks has index i and covers tokens ``[128i, 128i + L)``.
+        block_hash: the chained hash naming tokens ``[0, 128(i+1))`` (a tail: its tail hash).
+        token_ids: the block's 128 token ids (a tail's L, 1 <= L < 128).
         key, value: ``[num_layers, num_kv_heads, 128, head_dim]`` tensors (post-rotary K), in
-            host memory.
+            host memory (a tail's: ``[.., L, head_dim]``).
     """
 
     index: int
@@ -85,13 +86,20 @@ class KVBlock:
     key: torch.Tensor
     value: torch.Tensor
 
+    @property
+    def is_tail(self) -> bool:
+        return len(self.token_ids) < BLOCK_SIZE
+
 
 class PrefixMatch(NamedTuple):
-    """The verified leading blocks of a prompt found in the cache, in chain order, and why the
+    """The verified leading blocks of a prompt found in the cache, in chain order, then the tail
+    that continues them (its first ``tail_tokens`` tokens are the prompt's next ones), and why the
     match stopped before the prompt's last full block (None when every full block matched)."""
 
     blocks: list[KVBlock]
     miss_reason: MissReason | None = None
+    tail: KVBlock | None = None
+    tail_tokens: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -99,7 +107,7 @@ class PrefixMatch(NamedTuple):
 
     @property
     def num_tokens(self) -> int:
-        return BLOCK_SIZE * len(self.blocks)
+        return BLOCK_SIZE * len(self.blocks) + self.tail_tokens
 
 
 class PrefixCache(Protocol):
@@ -107,8 +115,9 @@ class PrefixCache(Protocol):
 
     Contract:
     - ``lookup`` never raises for a cache fault (Redis down, blob missing, corrupt or hanging):
-      the prefix simply ends at the first block it cannot serve, and a bad index entry is
-      dropped. It returns within a bounded time (the Redis timeout plus the blob read bound).
+      the prefix simply ends at the first block (or tail) it cannot serve, and a bad index entry
+      is dropped. It reuses at most ``len(token_ids) - 1`` tokens (the last one is computed).
+      It returns within a bounded time (the Redis timeout plus the blob read bound).
       Every block it returns has been verified against ``namespace`` and ``token_ids``, or was
       computed by this process for exactly those tokens (blocks still being saved are served).
     - ``save`` never blocks on I/O and never raises for a cache fault; it only schedules writes.
@@ -125,7 +134,7 @@ class PrefixCache(Protocol):
         count: bool = True,
     ) -> PrefixMatch:
         """Longest verified cached prefix of ``token_ids``, at most ``max_blocks`` blocks (None:
-        every full block).
+        every full block, then the longest tail that continues them).
 
         Refreshes the TTL of every matched block to at least its TTL under ``ttl_s`` (sliding
         TTL; never shortened) and marks them recently used. ``count`` False keeps the lookup out
@@ -151,6 +160,20 @@ class PrefixCache(Protocol):
             key, value: ``[m, num_layers, num_kv_heads, 128, head_dim]`` for m blocks, contiguous
                 and in host memory (block j is ``key[j]``); they must not be modified afterwards.
         """
+        ...
+
+    def save_tail(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        ttl_s: TtlPlan = None,
+    ) -> None:
+        """Schedule the tail of ``token_ids``, its tokens after its last full block (1 to 127 of
+        them: ``len(token_ids) % 128``), for storage; its TTL is that of the block it would be
+        under ``ttl_s``. ``key``/``value``: ``[num_layers, num_kv_heads, L, head_dim]``, contiguous
+        and in host memory, never modified afterwards."""
         ...
 
     def flush(self, timeout_s: float) -> bool:

@@ -3,7 +3,9 @@
 One Redis round trip lists the leading blocks the index holds (refreshing their TTL and LRU
 position); each is then taken from the RAM tier or read from the blob store and verified, in
 chain order, and blocks this process is still saving extend the prefix. The prefix ends at the
-first block that cannot be served, for a typed reason (``MissReason``).
+first block that cannot be served, for a typed reason (``MissReason``). Then the longest tail
+(``hashing.tails``) that continues the prompt after those blocks, listed by the same round trip
+or still being saved, extends it to the token; a tail is verified like a block.
 
 Blob reads run on a few daemon threads of their own: a read that hangs in the kernel (a stuck
 network mount) holds one of them, never the caller, which gives up after ``read_timeout_s`` and
@@ -24,10 +26,12 @@ from time import monotonic
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
+from store.index.base import TailListing
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import CacheOptions, StoreParts
 from store.serde import BlockVerificationError, decode_block
+from store.tails import TailFinder
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,7 @@ class PrefixLookup:
         writer: the writer, whose pending blocks extend a prefix and whose thread counts hits.
         spec: the shape and dtype every block must have.
         options: ``ttl_s`` (the default TTL a hit refreshes its blocks to), ``read_timeout_s``
-            (most seconds one lookup waits for blob reads) and ``pin_memory``.
+            (most seconds one lookup waits for blob reads), ``pin_memory`` and ``tails``.
         readers: blob reads that may run (or hang) at once.
     """
 
@@ -82,7 +86,9 @@ class PrefixLookup:
             options.read_timeout_s,
             options.pin_memory,
         )
+        self.tails = options.tails
         self._readers = ReaderPool(readers)
+        self._tails = TailFinder(parts, writer, spec, self._readers.submit, self.discard, self.ttl_s)
 
     def lookup(
         self,
@@ -94,15 +100,22 @@ class PrefixLookup:
     ) -> PrefixMatch:
         """See ``PrefixCache.lookup``."""
         limit = len(token_ids) if max_blocks is None else max_blocks * BLOCK_SIZE
-        match = self._match(namespace, token_ids, block_hashes(token_ids[:limit], namespace), ttl_s)
+        hashes = block_hashes(token_ids[:limit], namespace)
+        deadline = monotonic() + self.read_timeout_s
+        match, listed = self._match(namespace, token_ids, hashes, ttl_s, deadline)
+        if max_blocks is None and self.tails:
+            match = self._tails.extend(namespace, token_ids, hashes, match, listed, ttl_s, deadline)
         if not count:
             return match
-        cached = reusable_tokens(len(token_ids), match.num_blocks)
+        cached = reusable_tokens(len(token_ids), match.num_blocks) + match.tail_tokens
         self.parts.recorder.add(lookups=1, tokens_queried=len(token_ids), tokens_hit=cached)
+        tails = {"tails_hit": int(match.tail is not None), "tail_tokens_hit": match.tail_tokens}
+        self.parts.recorder.add(**tails)
         failures = int(match.miss_reason == MissReason.FAILED_VERIFICATION)
-        # NOTE: a hit also counts for its prefix among the hot ones, in the same background job
+        # NOTE: a hit of blocks also counts for its prefix among the hot ones, in the same
+        # background job
         blocks, hit = match.blocks, None
-        if cached:
+        if blocks:
             hit = partial(
                 self.parts.hot.record,
                 namespace,
@@ -117,21 +130,29 @@ class PrefixLookup:
             prompt_tokens=len(token_ids),
             cached_tokens=cached,
             verification_failures=failures,
+            **tails,
         )
         return match
 
     def _match(
-        self, namespace: Namespace, token_ids: Sequence[int], hashes: list[BlockHash], ttl_s: TtlPlan
-    ) -> PrefixMatch:
-        if not hashes:
-            return PrefixMatch([])
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        hashes: list[BlockHash],
+        ttl_s: TtlPlan,
+        deadline: float,
+    ) -> tuple[PrefixMatch, list[TailListing]]:
+        """The verified leading blocks, their blobs read by ``deadline`` (``time.monotonic``), and
+        the tails the index lists after them (none when the blocks served are not the ones the
+        index listed)."""
         ttls = block_ttls(ttl_s, len(hashes), self.ttl_s)
         found = self.parts.guard.redis(
             "match", self.parts.index.match, namespace, hashes, ttls, scope=namespace.hex()
         )
         if found is None:
-            return PrefixMatch([], MissReason.UNAVAILABLE)
-        entries, seen = found
+            return PrefixMatch([], MissReason.UNAVAILABLE), []
+        entries, seen, tails = found
+        listed = len(entries)
         reason: MissReason | None = None
         if len(entries) < len(hashes):
             reason = MissReason.EXPIRED if seen else MissReason.NEVER_SEEN
@@ -143,7 +164,6 @@ class PrefixLookup:
 
         blocks: list[KVBlock] = []
         from_ram = 0
-        deadline = monotonic() + self.read_timeout_s
         for i in range(len(entries)):
             ids = block_tokens(token_ids, i)
             block = self.parts.ram.get(namespace, hashes[i])
@@ -171,14 +191,14 @@ class PrefixLookup:
                 self.parts.guard.warn(
                     "read", "a blob read took over %.1f s: served as a miss", self.read_timeout_s
                 )
-                return self._done(blocks, from_ram, MissReason.TIMED_OUT)
+                return self._done(blocks, from_ram, MissReason.TIMED_OUT), []
             except (OSError, BlockVerificationError) as exc:
                 # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
                 # never loaded, since their K/V depends on this one.
                 log.warning("cache block %d (%s) dropped: %s", i, hashes[i].hex(), exc)
                 self.parts.recorder.add(verification_failures=1)
                 self.discard(namespace, [hashes[i]])
-                return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION)
+                return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION), []
             if self.pin_memory:
                 # NOTE: page-locked, so the upload to an accelerator is asynchronous and fast
                 block = dataclasses.replace(block, key=block.key.pin_memory(), value=block.value.pin_memory())
@@ -195,7 +215,8 @@ class PrefixLookup:
                 break
             blocks.append(block)
             from_ram += 1
-        return self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
+        done = self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
+        return done, tails if len(blocks) == listed else []
 
     def _done(self, blocks: list[KVBlock], from_ram: int, reason: MissReason | None) -> PrefixMatch:
         self.parts.recorder.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)

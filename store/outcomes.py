@@ -33,14 +33,16 @@ class MissReason(StrEnum):
     DISABLED = "cache disabled"
     """The server runs with ``--no-cache``."""
     BELOW_ONE_BLOCK = "below one block"
-    """The prompt is shorter than one block: nothing to look up."""
+    """The prompt is shorter than one block, and no stored tail (``hashing.tails``) holds all
+    of it but its last token."""
     PARTIAL_LAST_BLOCK = "partial last block"
-    """Every full block hit; the tokens after the last full block are never cached."""
+    """Every full block hit; no stored tail holds the tokens after the last one (all but the
+    prompt's last token)."""
 
 
 CacheKind = Literal["hit", "partial", "miss"]
-"""``hit``: every full block of the prompt came from the cache; ``partial``: some did; ``miss``:
-none did (a prompt under one block is always a miss)."""
+"""``hit``: every full block of the prompt came from the cache (or, under one block, a tail served
+all of it but its last token); ``partial``: some tokens did; ``miss``: none did."""
 
 EvictionReason = Literal["ttl", "budget", "verification_failure", "gc", "audit"]
 """``ttl``: expired and reclaimed; ``budget``: least recently used beyond the byte budget;
@@ -48,15 +50,18 @@ EvictionReason = Literal["ttl", "budget", "verification_failure", "gc", "audit"]
 blobs without an entry; ``audit``: blocks of a hit the fidelity audit found wrong."""
 
 
-def cache_kind(prompt_tokens: int, cached_blocks: int) -> CacheKind:
-    """The kind of a request whose ``cached_blocks`` leading full blocks came from the cache."""
-    if cached_blocks == 0:
+def cache_kind(prompt_tokens: int, cached_blocks: int, cached_tokens: int | None = None) -> CacheKind:
+    """The kind of a request whose ``cached_blocks`` leading full blocks, and ``cached_tokens``
+    tokens in all (blocks and tail; None: the blocks' alone), came from the cache."""
+    cached = cached_blocks * BLOCK_SIZE if cached_tokens is None else cached_tokens
+    if cached <= 0:
         return "miss"
-    return "hit" if cached_blocks >= num_full_blocks(prompt_tokens) else "partial"
+    every_block = 0 < cached_blocks >= num_full_blocks(prompt_tokens)
+    return "hit" if every_block or cached >= prompt_tokens - 1 else "partial"
 
 
 def first_miss(
-    prompt_tokens: int, cached_blocks: int, reason: MissReason | None
+    prompt_tokens: int, cached_blocks: int, reason: MissReason | None, cached_tokens: int | None = None
 ) -> tuple[int | None, MissReason | None]:
     """The first block not served from the cache, and why.
 
@@ -64,11 +69,14 @@ def first_miss(
         prompt_tokens: length of the prompt.
         cached_blocks: leading full blocks served from the cache.
         reason: why the lookup stopped (``PrefixMatch.miss_reason``), None if it did not.
+        cached_tokens: tokens served in all, blocks and tail (None: the blocks' alone).
 
     Returns:
         ``(block index, reason)``, or ``(None, None)`` when every prompt token but the last came
         from the cache.
     """
+    if cached_tokens is not None and cached_tokens >= prompt_tokens - 1:
+        return None, None
     full = num_full_blocks(prompt_tokens)
     if full == 0:
         return 0, MissReason.BELOW_ONE_BLOCK

@@ -33,6 +33,7 @@ class CacheOptions:
         gc_grace_s: seconds a blob without an index entry is kept before collection.
         pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
             accelerator: uploads are then asynchronous).
+        tails: keep and serve tails (``hashing.tails``) beside blocks.
     """
 
     ttl_s: int = 3600
@@ -43,6 +44,7 @@ class CacheOptions:
     read_timeout_s: float = 5.0
     gc_grace_s: float = 60.0
     pin_memory: bool = False
+    tails: bool = True
 
 
 @dataclass(frozen=True)

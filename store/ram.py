@@ -78,10 +78,12 @@ class RamTier:
 
 
 class PendingBlocks:
-    """Blocks handed to the writer and not yet published (or given up), by namespace and hash."""
+    """Blocks and tails handed to the writer and not yet published (or given up), by namespace
+    and hash; tails also by what they follow (``tails``)."""
 
     def __init__(self) -> None:
         self._blocks: dict[tuple[Namespace, BlockHash], KVBlock] = {}
+        self._tails: dict[tuple[Namespace, BlockHash | None], dict[BlockHash, KVBlock]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -91,11 +93,28 @@ class PendingBlocks:
         with self._lock:
             self._blocks.update(((namespace, b.block_hash), b) for b in blocks)
 
+    def add_tail(self, namespace: Namespace, tip: BlockHash | None, tail: KVBlock) -> None:
+        """A pending tail after ``tip`` (None: the root)."""
+        with self._lock:
+            self._blocks[(namespace, tail.block_hash)] = tail
+            self._tails.setdefault((namespace, tip), {})[tail.block_hash] = tail
+
     def get(self, namespace: Namespace, block_hash: BlockHash) -> KVBlock | None:
         with self._lock:
             return self._blocks.get((namespace, block_hash))
+
+    def tails(self, namespace: Namespace, tip: BlockHash | None) -> list[KVBlock]:
+        """The pending tails after ``tip`` (None: the root)."""
+        with self._lock:
+            return list(self._tails.get((namespace, tip), {}).values())
 
     def remove(self, namespace: Namespace, blocks: Iterable[KVBlock]) -> None:
         with self._lock:
             for block in blocks:
                 self._blocks.pop((namespace, block.block_hash), None)
+                for key in [
+                    k for k, listed in self._tails.items() if k[0] == namespace and block.block_hash in listed
+                ]:
+                    del self._tails[key][block.block_hash]
+                    if not self._tails[key]:
+                        del self._tails[key]

@@ -25,8 +25,11 @@ class CacheStats:
             ``blocks_from_ram`` of those without reading a blob (RAM tier or still being saved).
         verification_failures: blobs that were missing, unreadable or wrong (then dropped).
         read_timeouts: lookups cut short because a blob read took too long.
+        tails_hit, tail_tokens_hit: lookups a tail extended (``hashing.tails``), and the tokens
+            the tails served (part of ``tokens_hit``).
         blocks_saved, save_errors, saves_dropped: blocks written; writes that failed; blocks not
             saved because the writer's queue was full.
+        tails_saved, tail_bytes_saved: tails written, and their blobs' bytes.
         redis_errors: Redis operations that failed or timed out.
         evicted_budget, evicted_ttl, evicted_orphan, evicted_gc, evicted_audit: blocks removed by
             this process, by cause (see ``EvictionReason``).
@@ -43,7 +46,11 @@ class CacheStats:
     blocks_from_ram: int = 0
     verification_failures: int = 0
     read_timeouts: int = 0
+    tails_hit: int = 0
+    tail_tokens_hit: int = 0
     blocks_saved: int = 0
+    tails_saved: int = 0
+    tail_bytes_saved: int = 0
     save_errors: int = 0
     saves_dropped: int = 0
     redis_errors: int = 0

@@ -1,11 +1,10 @@
-"""The writer: the one path by which blocks enter the cache, and the background thread that runs it.
+"""The writer: the one path by which blocks and tails enter the cache, and its background thread.
 
-A request hands its new blocks to ``BlockWriter.save`` and goes on; the thread writes each
-block's blob, then the batch's index entries (never the reverse), keeps them in the RAM tier,
-adds to the deployment-wide counters, and evicts least recently used blocks once the blob store
-is over its byte budget. Until a block is published, ``PendingBlocks`` lets this process serve it
-anyway, so a request that follows at once still hits. A snapshot import publishes its verified
-blocks through the same path (``publish_verified``), on its own thread.
+A request hands its new blocks to ``BlockWriter.save`` (its tail to ``save_tail``) and goes on;
+the thread writes each blob, then the batch's index entries (never the reverse), keeps them in
+the RAM tier, adds to the shared counters, and evicts least recently used blocks over the byte
+budget. Until published, ``PendingBlocks`` serves them anyway, so a request that follows at once
+still hits. A snapshot import publishes its verified blocks the same way (``publish_verified``).
 """
 
 from __future__ import annotations
@@ -15,40 +14,22 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import torch
 
-from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens
+from hashing import BlockHash, Namespace
 from store.background import yield_to_requests
 from store.entries import new_entry
 from store.errors import StoreUnavailable
 from store.gc import evict_to_budget
 from store.index.base import Publication
-from store.interface import KVBlock, KVSpec
+from store.interface import KVSpec
 from store.parts import CacheOptions, StoreParts
 from store.ram import PendingBlocks
 from store.serde import encode_block
+from store.stored import Published, Stored, blocks_to_store, tail_to_store
 
 log = logging.getLogger(__name__)
-
-
-class Stored(NamedTuple):
-    """One block to publish: the block, its parent (None for block 0), its TTL in seconds, and
-    its blob when already encoded (an import keeps the bytes it verified; None: encode here)."""
-
-    block: KVBlock
-    parent: BlockHash | None
-    ttl_s: int
-    data: bytes | None = None
-
-
-class Published(NamedTuple):
-    """What a publish did: per block True (stored now), False (cached already) or None (not
-    stored: a blob write failed at or before it, ``failure``)."""
-
-    stored: list[bool | None]
-    failure: OSError | None
 
 
 class BlockWriter:
@@ -57,10 +38,9 @@ class BlockWriter:
     Args:
         parts: the cache's shared parts.
         spec: the shape and dtype blocks are encoded in.
-        options: ``max_bytes``, the budget (checked after every publish, so it is exceeded by at
-            most one batch per concurrent writer), and ``max_pending_saves``, the bound of the
-            queue, beyond which saves are dropped and counted (a slow disk never holds tensors
-            without limit).
+        options: ``max_bytes``, the budget (checked after every publish: exceeded by at most one
+            batch per concurrent writer), and ``max_pending_saves``, the queue's bound, beyond
+            which saves are dropped and counted (a slow disk never holds tensors without limit).
     """
 
     def __init__(self, parts: StoreParts, spec: KVSpec, options: CacheOptions) -> None:
@@ -82,18 +62,27 @@ class BlockWriter:
     ) -> None:
         """Queue blocks ``first_block ..`` of ``token_ids`` (see ``PrefixCache.save``) with the
         TTLs ``ttls`` (seconds, one per block)."""
-        assert key.shape[3] == BLOCK_SIZE and key.is_contiguous(), key.shape
-        end = first_block + key.shape[0]
-        hashes = block_hashes(token_ids[: end * BLOCK_SIZE], namespace)
-        pairs = zip(key.unbind(0), value.unbind(0), strict=True)
-        blocks = [
-            KVBlock(i, hashes[i], block_tokens(token_ids, i), k, v)
-            for i, (k, v) in enumerate(pairs, start=first_block)
-        ]
-        parents = [hashes[b.index - 1] if b.index else None for b in blocks]
-        batch = [Stored(b, p, ttl) for b, p, ttl in zip(blocks, parents, ttls, strict=True)]
-        created = time.time()
-        self.pending.add(namespace, blocks)
+        self._queue(namespace, blocks_to_store(namespace, token_ids, first_block, key, value, ttls))
+
+    def save_tail(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        ttl_s: int,
+    ) -> None:
+        """Queue the tail of ``token_ids`` (see ``PrefixCache.save_tail``) with a TTL of ``ttl_s``
+        seconds."""
+        self._queue(namespace, [tail_to_store(namespace, token_ids, key, value, ttl_s)])
+
+    def _queue(self, namespace: Namespace, batch: list[Stored]) -> None:
+        """Hand ``batch`` to the writer thread, served as pending meanwhile (a full queue drops it)."""
+        created, blocks = time.time(), [item.block for item in batch]
+        for item in batch:
+            if item.block.is_tail:
+                self.pending.add_tail(namespace, item.parent, item.block)
+        self.pending.add(namespace, [b for b in blocks if not b.is_tail])
         if not self.enqueue(lambda: self._write(namespace, batch, created)):
             self.pending.remove(namespace, blocks)
             self.parts.recorder.add(saves_dropped=len(blocks))
@@ -218,9 +207,18 @@ class BlockWriter:
                     failure = exc
                     break
                 name = parts.blobs.name(namespace, block.block_hash)
-                entry = new_entry(name, len(data), item.parent, imported)
+                tail = len(block.token_ids) if block.is_tail else 0
+                entry = new_entry(name, len(data), item.parent, imported, tail)
                 publications.append(
-                    Publication(block.block_hash, item.parent, block.index, entry, item.ttl_s, created)
+                    Publication(
+                        block.block_hash,
+                        item.parent,
+                        block.index,
+                        entry,
+                        item.ttl_s,
+                        created,
+                        item.short_hash,
+                    )
                 )
             stored[i] = needed
         total = self._index(namespace, publications) if publications else None
@@ -245,6 +243,8 @@ class BlockWriter:
         )
         if total is None:
             raise StoreUnavailable("the index (Redis) is unreachable")
-        parts.recorder.add(blocks_saved=len(publications))
-        self.share(namespace, blocks_saved=len(publications))
+        tails = [p.entry.size for p in publications if p.entry.tail]
+        saved = len(publications) - len(tails)
+        parts.recorder.add(blocks_saved=saved, tails_saved=len(tails), tail_bytes_saved=sum(tails))
+        self.share(namespace, blocks_saved=saved, tails_saved=len(tails), tail_bytes_saved=sum(tails))
         return total

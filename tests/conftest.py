@@ -24,7 +24,7 @@ from store.index.redis import connect
 from store.index.redis.index import RedisIndex
 from store.interface import KVSpec
 from store.parts import CacheOptions
-from tests.helpers import ServerThread, build_tiny_model
+from tests.helpers import THINKING_CHATML, ServerThread, build_tiny_model
 
 REDIS_URL = os.environ.get("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -65,6 +65,15 @@ def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     """A 2-layer random Llama with a byte-level BPE tokenizer, served as ``tiny``."""
     path = build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+    loaded = load_model(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
+    return dataclasses.replace(loaded, name="tiny")
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The tiny model with a reasoning-style template (``tests.helpers.THINKING_CHATML``), served
+    as ``tiny``."""
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-thinking"), chat_template=THINKING_CHATML)
     loaded = load_model(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
     return dataclasses.replace(loaded, name="tiny")
 

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 import torch
 import uvicorn
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -80,6 +80,19 @@ CHATML = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+THINKING_CHATML = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}{%- set content = message['content'] %}"
+    "{%- if message['role'] == 'assistant' and loop.index0 < ns.last_user %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+"""A reasoning-style ChatML template (as Qwen3's and DeepSeek-R1's): the generation prompt opens a
+``<think>`` section, and the history drops each earlier answer's reasoning (up to ``</think>``)."""
+
 TRAINING_TEXT = [
     "The quick brown fox jumps over the lazy dog. A prefix cache stores attention keys and values "
     "so that a prompt which starts like an earlier one is not computed twice.",
@@ -100,9 +113,12 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
 """Tiny configurations of each model family kvproxy claims (every layer full attention)."""
 
 
-def build_tiny_model(path: Path, seed: int = 0, family: str = "llama", **config_changes: Any) -> Path:
+def build_tiny_model(
+    path: Path, seed: int = 0, family: str = "llama", chat_template: str = CHATML, **config_changes: Any
+) -> Path:
     """Write a randomly initialised 2-layer model of ``family`` (``FAMILIES``) and a small
-    byte-level BPE tokenizer with a ChatML template to ``path`` (a Hugging Face checkpoint
+    byte-level BPE tokenizer with ``chat_template`` (ChatML; in a template that uses them,
+    ``<think>`` and ``</think>`` are tokens of their own) to ``path`` (a Hugging Face checkpoint
     directory); ``config_changes`` override the configuration."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -113,8 +129,10 @@ def build_tiny_model(path: Path, seed: int = 0, family: str = "llama", **config_
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(TRAINING_TEXT, trainer)
+    if "<think>" in chat_template:
+        tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>", chat_template=CHATML
+        tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>", chat_template=chat_template
     )
     config_class, model_class, family_config = FAMILIES[family]
     shape = {
@@ -199,15 +217,21 @@ def build_tiny_source_model(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def engine_events(engine: Engine, request: GenerationRequest) -> list[Event]:
+    """Every event of ``request``, computed through the engine's threads, up to its end."""
+    arrived: queue.Queue[Event] = queue.Queue()
+    engine.submit(request, arrived.put)
+    events = [arrived.get(timeout=120)]
+    while not isinstance(events[-1], Finished | Failed):
+        events.append(arrived.get(timeout=120))
+    return events
+
+
 def run_engine(
     engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12, sampling: SamplingParams = GREEDY
 ) -> tuple[list[int], int, str]:
     """Generate through the engine's threads: (token ids, cached tokens, finish reason)."""
-    arrived: queue.Queue[Event] = queue.Queue()
-    engine.submit(GenerationRequest(prompt, max_tokens, sampling), arrived.put)
-    events = [arrived.get(timeout=120)]
-    while not isinstance(events[-1], Finished | Failed):
-        events.append(arrived.get(timeout=120))
+    events = engine_events(engine, GenerationRequest(prompt, max_tokens, sampling))
     done = next(e for e in events if isinstance(e, PrefillDone))
     finished = next(e for e in events if isinstance(e, Finished))
     return (

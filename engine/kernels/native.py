@@ -16,8 +16,8 @@ from typing import Any, cast
 import torch
 from transformers import DynamicCache
 
+from engine.buffers import GrowingLayer
 from engine.kernels.abi import Layer, Linear, Model
-from engine.kv import GrowingLayer
 from engine.model.codes import KINDS, Codes
 
 

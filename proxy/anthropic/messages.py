@@ -14,6 +14,7 @@ from engine.worker import Engine
 from proxy.anthropic import protocol as anthropic
 from proxy.http.auth import Tenant, get_tenant
 from proxy.http.errors import OpenAIError
+from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.rendering import RenderError, render_chat
 from proxy.serving.running import complete, start
 from proxy.serving.streaming import new_id
@@ -25,8 +26,10 @@ router = APIRouter()
 
 def prompt_and_ttls(
     engine: Engine, body: anthropic.MessagesRequest, max_ttl: int
-) -> tuple[list[int], tuple[int | None, ...]]:
-    """The rendered prompt, and the TTL plan its ``cache_control`` breakpoints give its blocks.
+) -> tuple[list[int], tuple[int | None, ...], tuple[int, ...]]:
+    """The rendered prompt, the TTL plan its ``cache_control`` breakpoints give its blocks, and
+    where later prompts may diverge from it (the breakpoints and the system prompt's end: a tail
+    is stored at each, ``GenerationRequest.boundaries``).
 
     A breakpoint covers the message that holds it: its token position is the length of the
     prompt rendered up to that message, when that rendering is a prefix of the whole prompt
@@ -45,7 +48,8 @@ def prompt_and_ttls(
             positions.append((len(head) if ids[: len(head)] == head else len(ids), min(ttl, max_ttl)))
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
-    return ids, anthropic.breakpoint_ttls(len(ids), positions)
+    boundaries = {p for p, _ in positions} | set(chat_boundaries(engine, messages, ids, None))
+    return ids, anthropic.breakpoint_ttls(len(ids), positions), tuple(sorted(boundaries))
 
 
 def accept(engine: Engine, body: anthropic.MessagesRequest) -> None:
@@ -62,7 +66,7 @@ async def count_tokens(
 ) -> dict[str, int]:
     """The prompt length of a Messages body, in tokens, as ``/v1/messages`` would render it."""
     accept(engine, body)
-    ids, _ = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
+    ids, _, _ = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
     return {"input_tokens": len(ids)}
 
 
@@ -76,7 +80,7 @@ async def messages(
     tenant: Tenant,
 ) -> Any:
     accept(engine, body)
-    ids, ttls = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
+    ids, ttls, boundaries = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
     generation = GenerationRequest(
         prompt_ids=tuple(ids),
         max_tokens=completion_budget(engine, settings, len(ids), body.max_tokens, "messages"),
@@ -87,14 +91,17 @@ async def messages(
         stop=tuple(body.stop_sequences or ()),
         tenant=tenant,
         cache_ttl_s=ttls or None,
+        boundaries=boundaries,
     )
-    started = await start(request, engine, generation)
-    message_id, caching = new_id("msg", "_"), cache is not None
+    messages = body.template_messages()[0]
+    started = await start(request, engine, generation, render_ahead(engine, settings, messages, generation))
+    message_id = new_id("msg", "_")
+    stored = anthropic.stored_end(len(ids), cache is not None, not settings.no_tails)
     if body.stream:
-        stream = anthropic.events(started, message_id, body.model, caching)
+        stream = anthropic.events(started, message_id, body.model, stored)
         return StreamingResponse(stream, media_type="text/event-stream", headers=started.headers)
     result = await complete(started, request)
     assert result.finished is not None
-    usage = anthropic.usage(started.done, result.finished.completion_tokens, caching)
+    usage = anthropic.usage(started.done, result.finished.completion_tokens, stored)
     reply = anthropic.message(message_id, body.model, result.text, result.finished, usage)
     return JSONResponse(reply, headers=started.headers)

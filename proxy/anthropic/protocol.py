@@ -3,8 +3,9 @@
 
 Source: Anthropic's API reference, Messages and Prompt caching. Usage in their meaning:
 ``cache_read_input_tokens`` were served from the cache, ``cache_creation_input_tokens`` are the
-prompt's tokens this request stored (its full blocks that were not cached), ``input_tokens`` the
-rest; the three add up to the prompt's length.
+prompt's tokens this request stored (those not cached, up to the end of the prompt: its blocks and
+tail; without tails, its full blocks), ``input_tokens`` the rest; the three add up to the prompt's
+length.
 """
 
 from __future__ import annotations
@@ -121,9 +122,10 @@ def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> t
     return tuple(plan)
 
 
-def usage(done: PrefillDone, output_tokens: int, caching: bool) -> dict[str, int]:
-    """Anthropic usage of a request whose prompt was computed as ``done`` says."""
-    created = BLOCK_SIZE * (num_full_blocks(done.prompt_tokens) - done.cached_blocks) if caching else 0
+def usage(done: PrefillDone, output_tokens: int, stored: int) -> dict[str, int]:
+    """Anthropic usage of a request whose prompt was computed as ``done`` says and is stored in
+    the cache up to position ``stored`` (tokens; 0 without a cache, ``stored_end``)."""
+    created = max(0, stored - done.cached_tokens)
     return {
         "input_tokens": done.prompt_tokens - done.cached_tokens - created,
         "cache_creation_input_tokens": created,
@@ -155,14 +157,22 @@ def message(
     }
 
 
-async def events(started: Started, message_id: str, model: str, caching: bool) -> AsyncIterator[str]:
+def stored_end(prompt_tokens: int, caching: bool, tails: bool) -> int:
+    """Where the cache stores a prompt of ``prompt_tokens`` tokens up to: its end with tails,
+    else its last full block; 0 without a cache."""
+    if not caching:
+        return 0
+    return prompt_tokens if tails else BLOCK_SIZE * num_full_blocks(prompt_tokens)
+
+
+async def events(started: Started, message_id: str, model: str, stored: int) -> AsyncIterator[str]:
     """The streamed event sequence: ``message_start``, ``content_block_start``, a
     ``content_block_delta`` per piece of text, ``content_block_stop``, ``message_delta`` (stop
     reason, output tokens), ``message_stop``; an ``error`` event if generation fails."""
     running, done = started.running, started.done
     try:
         yield _event(
-            "message_start", {"message": message(message_id, model, None, None, usage(done, 0, caching))}
+            "message_start", {"message": message(message_id, model, None, None, usage(done, 0, stored))}
         )
         yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
         async for event in running:

@@ -1,10 +1,11 @@
-"""``POST /v1/cache/prewarm``: compute and store a prompt's full blocks without sampling anything.
+"""``POST /v1/cache/prewarm``: compute and store a prompt's K/V without sampling anything.
 
 The prompt is given as chat ``messages`` (rendered exactly as ``/v1/chat/completions`` renders
 them, with the generation prompt unless ``add_generation_prompt`` is false) or as a ``prompt``
-(text, tokenized as ``/v1/completions`` does, or token ids). Only full 128-token blocks are ever
-stored, so the last ``n mod 128`` tokens are not computed. The tenant comes from the API key, as
-for every request; the blocks are indexed (visible to every replica) when the answer comes.
+(text, tokenized as ``/v1/completions`` does, or token ids). Its full 128-token blocks are stored,
+then its tail (the ``n mod 128`` tokens after them, ``hashing.tails``; not with ``--no-tails``).
+The tenant comes from the API key, as for every request; the blocks and tail are indexed
+(visible to every replica) when the answer comes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from engine.requests import Failed, Finished, GenerationRequest, PrefillDone
-from hashing import BLOCK_SIZE, num_full_blocks
+from engine.requests import Failed, Finished, GenerationRequest
+from hashing import BLOCK_SIZE
 from proxy.cache_api.protocol import PrewarmRequest
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
@@ -34,39 +35,37 @@ FLUSH_TIMEOUT_S = 30.0
 async def prewarm(
     body: PrewarmRequest, engine: EngineDep, cache: CacheOnDep, settings: SettingsDep, tenant: Tenant
 ) -> dict[str, Any]:
-    """Store the prompt's full blocks; answer what was stored and what was already cached
-    (blocks, and tokens: 128 per block)."""
+    """Store the prompt's full blocks and tail; answer what was stored and what was already
+    cached (blocks, and tokens: 128 per block, then the tail's)."""
     if body.model is not None:
         check_model(engine, body.model)
     ids = await run_in_threadpool(prompt_ids, engine, body.messages, body.prompt, body.add_generation_prompt)
     check_prompt_length(engine, len(ids), "messages" if body.messages is not None else "prompt")
-    blocks = num_full_blocks(len(ids))
     ttl = min(body.ttl or settings.ttl, settings.max_ttl)
-    cached = 0
-    if blocks:
-        full = tuple(ids[: blocks * BLOCK_SIZE])
-        request = GenerationRequest(full, max_tokens=1, tenant=tenant, cache_ttl_s=ttl, prewarm=True)
-        async for event in submit(engine, request):
-            if isinstance(event, Failed):
-                raise event.error
-            if isinstance(event, Finished) and event.finish_reason == "cancelled":
-                raise OpenAIError(503, "the prewarm was cancelled", type="server_error")
-            if isinstance(event, PrefillDone):
-                cached = event.cached_blocks
-        await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
     namespace = engine.loaded.namespace(tenant)
-    indexed = await run_in_threadpool(cache.indexed_blocks, namespace, ids[: blocks * BLOCK_SIZE])
-    if indexed is None:
+    before = await run_in_threadpool(cache.indexed_tokens, namespace, ids)
+    if before is None:
         raise OpenAIError.cache_unavailable(": nothing was cached")
-    stored = max(0, indexed - cached)
+    request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl, prewarm=True)
+    async for event in submit(engine, request):
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Finished) and event.finish_reason == "cancelled":
+            raise OpenAIError(503, "the prewarm was cancelled", type="server_error")
+    await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
+    after = await run_in_threadpool(cache.indexed_tokens, namespace, ids)
+    if after is None:
+        raise OpenAIError.cache_unavailable(": nothing was cached")
+    cached, indexed = before[0] * BLOCK_SIZE + before[1], after[0] * BLOCK_SIZE + after[1]
     return {
         "object": "cache.prewarm",
         "model": engine.loaded.name,
         "prompt_tokens": len(ids),
-        "stored_blocks": stored,
-        "stored_tokens": stored * BLOCK_SIZE,
-        "cached_blocks": cached,
-        "cached_tokens": cached * BLOCK_SIZE,
-        "uncached_tokens": len(ids) - (cached + stored) * BLOCK_SIZE,
+        "stored_blocks": max(0, after[0] - before[0]),
+        "stored_tokens": max(0, indexed - cached),
+        "cached_blocks": before[0],
+        "cached_tokens": cached,
+        "tail_tokens": after[1],
+        "uncached_tokens": len(ids) - max(indexed, cached),
         "ttl_s": ttl,
     }

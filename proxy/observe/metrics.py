@@ -144,7 +144,21 @@ class _EngineAndStoreCollector(Collector):
             "kvproxy_cache_blocks_stored", "Blocks written to the cache", value=s.blocks_saved
         )
         yield CounterMetricFamily(
+            "kvproxy_cache_tails_stored", "Tails (hashing.tails) written to the cache", value=s.tails_saved
+        )
+        yield CounterMetricFamily(
+            "kvproxy_cache_tail_stored_bytes",
+            "Bytes of the tails written to the cache",
+            value=s.tail_bytes_saved,
+        )
+        yield CounterMetricFamily(
             "kvproxy_cache_blocks_loaded", "Blocks loaded and verified", value=s.blocks_loaded
+        )
+        yield CounterMetricFamily("kvproxy_cache_tail_hits", "Lookups a tail extended", value=s.tails_hit)
+        yield CounterMetricFamily(
+            "kvproxy_cache_tail_hit_tokens",
+            "Prompt tokens tails served (part of the hits)",
+            value=s.tail_tokens_hit,
         )
         yield CounterMetricFamily(
             "kvproxy_cache_ram_tier_hits", "Blocks served from the RAM tier", value=s.blocks_from_ram
@@ -172,7 +186,11 @@ class _EngineAndStoreCollector(Collector):
             "kvproxy_redis_up", "1 when the Redis index answers", value=0 if held is None else 1
         )
         if held is not None:
-            yield GaugeMetricFamily("kvproxy_cache_blocks", "Blocks in the cache", value=held[0])
+            yield GaugeMetricFamily(
+                "kvproxy_cache_blocks",
+                "Blocks in the cache, tails (the tokens after a prompt's last full block) included",
+                value=held[0],
+            )
             yield GaugeMetricFamily("kvproxy_cache_blob_bytes", "Bytes in the blob store", value=held[1])
 
 

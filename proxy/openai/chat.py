@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,6 +12,7 @@ from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
 from proxy.openai.logprobs import chat_logprobs
 from proxy.openai.protocol import ChatCompletionRequest
+from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.prompts import chat_prompt_ids
 from proxy.serving.running import complete, start
 from proxy.serving.streaming import event_stream, json_response, new_id, now, sse_stream
@@ -29,11 +31,20 @@ async def chat_completions(
     tenant: Tenant,
 ) -> Any:
     check_request(engine, body)
-    prompt_ids = await run_in_threadpool(chat_prompt_ids, engine, body)  # NOTE: big prompts take a while
+    messages, data = body.template_messages(), body.chat_template_kwargs
+
+    def prompt() -> tuple[list[int], tuple[int, ...]]:
+        ids = chat_prompt_ids(engine, body)
+        return ids, chat_boundaries(engine, messages, ids, data)
+
+    prompt_ids, boundaries = await run_in_threadpool(prompt)  # NOTE: big prompts take a while
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
     generation = generation_request(engine, settings, tenant, body, prompt_ids, max_tokens, top)
-    started = await start(request, engine, generation)
+    generation = dataclasses.replace(generation, boundaries=boundaries)
+    started = await start(
+        request, engine, generation, render_ahead(engine, settings, messages, generation, data)
+    )
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:

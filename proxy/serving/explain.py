@@ -1,6 +1,8 @@
 """Explained misses: why a prompt did (not) hit, in headers and, when asked, in detail.
 
-Every response carries ``x-kvproxy-cache: hit|partial|miss`` and ``x-kvproxy-cached-tokens``.
+Every response carries ``x-kvproxy-cache: hit|partial|miss``, ``x-kvproxy-cached-tokens`` and
+``x-kvproxy-tail-tokens`` (those of the cached tokens a tail served, ``hashing.tails``; the rest
+came from whole blocks).
 With the request header ``x-kvproxy-explain: 1`` it also carries an explanation: in the JSON body
 under ``kvproxy_cache_explanation``, or for a stream as the ``x-kvproxy-explain`` header (JSON).
 Everything in it comes from the requester's own namespace: never another tenant's cache.
@@ -29,7 +31,11 @@ _NOTHING_TO_COMPARE = (MissReason.BELOW_ONE_BLOCK, MissReason.PARTIAL_LAST_BLOCK
 
 
 def cache_headers(done: PrefillDone) -> dict[str, str]:
-    return {"x-kvproxy-cache": done.kind, "x-kvproxy-cached-tokens": str(done.cached_tokens)}
+    return {
+        "x-kvproxy-cache": done.kind,
+        "x-kvproxy-cached-tokens": str(done.cached_tokens),
+        "x-kvproxy-tail-tokens": str(done.tail_tokens),
+    }
 
 
 async def explain(
@@ -49,6 +55,8 @@ async def explain(
         "cached_tokens": done.cached_tokens,
         "prompt_blocks": num_full_blocks(done.prompt_tokens),
         "blocks_matched": done.cached_blocks,
+        "block_tokens": done.cached_tokens - done.tail_tokens,
+        "tail_tokens": done.tail_tokens,
         "first_unmatched_block": block,
         "reason": reason,
         "divergence": None,

@@ -37,6 +37,7 @@ class Running:
         loop = asyncio.get_running_loop()
         self._on_finished: Callable[[Finished], None] | None = None
         self._finished: Finished | None = None
+        self._text: list[str] = []
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.handle: RequestHandle = engine.submit(
             request, lambda event: loop.call_soon_threadsafe(self._deliver, event)
@@ -48,8 +49,15 @@ class Running:
         self._on_finished = record
         self._record()
 
+    @property
+    def text(self) -> str:
+        """The completion's text so far (all of it once finished)."""
+        return "".join(self._text)
+
     def _deliver(self, event: Event) -> None:
         self.events.put_nowait(event)
+        if isinstance(event, TokenDelta | Finished):
+            self._text.append(event.text)
         if isinstance(event, Finished):
             self._finished = event
             self._record()
@@ -107,8 +115,14 @@ def submit(engine: Engine, generation: GenerationRequest) -> Running:
         ) from None
 
 
-async def start(request: Request, engine: Engine, generation: GenerationRequest) -> Started:
-    """Submit a request and wait until its prompt is computed; record its metrics.
+async def start(
+    request: Request,
+    engine: Engine,
+    generation: GenerationRequest,
+    ahead: Callable[[str], object] | None = None,
+) -> Started:
+    """Submit a request and wait until its prompt is computed; record its metrics; once it ends
+    (not cancelled), call ``ahead`` with its whole text (``proxy.serving.ahead.render_ahead``).
 
     A client that goes away meanwhile cancels the request.
 
@@ -129,7 +143,13 @@ async def start(request: Request, engine: Engine, generation: GenerationRequest)
     namespace = engine.loaded.namespace(generation.tenant)
     arrived = request.scope["state"]["started"]
     ttft = app.metrics.observe(namespace.hex(), event, arrived)
-    running.on_finished(lambda finished: app.metrics.finished(finished, arrived, ttft))
+
+    def finished(event: Finished) -> None:
+        app.metrics.finished(event, arrived, ttft)
+        if ahead is not None and event.finish_reason != "cancelled":
+            ahead(running.text)
+
+    running.on_finished(finished)
     explanation = None
     if request.headers.get(EXPLAIN_HEADER) == "1":
         explanation = await explain(

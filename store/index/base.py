@@ -54,15 +54,26 @@ class Counters(Protocol):
     def window(self, scope: str | None, seconds: int) -> Window: ...
 
 
+TAIL_AGE_S = 1e9
+"""Seconds a tail's LRU score is set back (about 30 years): a tail is a leaf, so the budget
+evicts every tail (least recently used first) before any block."""
+TAILS_PER_TIP = 16
+"""Most tails listed after one tip (the ones expiring last are kept): a lookup reads them all."""
+
+
 class Publication(NamedTuple):
-    """One block to index (``BlockIndex.publish``).
+    """One block (or tail) to index (``BlockIndex.publish``).
 
     Attributes:
-        block_hash, parent: the block's hash and its parent's (None for block 0).
-        position: the block's index in its chain (deeper blocks are evicted first).
-        entry: what the index records (the blob's name, bytes, parent, creation time).
+        block_hash, parent: the block's hash and its parent's (None for block 0); a tail's hash
+            and its tip (None: the namespace root).
+        position: the block's index in its chain (deeper blocks are evicted first); a tail's is
+            that of the block it would be (and its LRU score ``TAIL_AGE_S`` older).
+        entry: what the index records (the blob's name, bytes, parent, creation time, and
+            ``tail``, a tail's length in tokens).
         ttl_s: seconds the entry stays without a hit.
         used_at: Unix time (seconds) of the request that computed the block (its LRU position).
+        short_hash: a tail's ``hashing.short_tail_hash`` (None for a block or a one-token tail).
     """
 
     block_hash: BlockHash
@@ -71,6 +82,26 @@ class Publication(NamedTuple):
     entry: IndexEntry
     ttl_s: int
     used_at: float
+    short_hash: BlockHash | None = None
+
+
+class TailListing(NamedTuple):
+    """A tail the index lists after a tip: its hash, its length in tokens, and the hash of its
+    first ``length - 1`` tokens (None for a one-token tail)."""
+
+    tail_hash: BlockHash
+    length: int
+    short_hash: BlockHash | None
+
+
+class Matched(NamedTuple):
+    """What ``BlockIndex.match`` found: the entries of the leading blocks present, whether the
+    first missing one was stored once (it expired or was evicted) rather than never seen, and
+    the tails listed after the last entry's block (after the root when there is none)."""
+
+    entries: list[IndexEntry]
+    seen: bool
+    tails: list[TailListing]
 
 
 class BlockIndex(Protocol):
@@ -78,7 +109,9 @@ class BlockIndex(Protocol):
 
     Contract (each method is atomic with respect to other processes sharing the index):
     - ``match`` never writes an entry; it refreshes the TTL (never shortening it) and LRU position
-      of the entries it returns, which lead the chain and stop at the first missing one.
+      of the entries it returns, which lead the chain and stop at the first missing one, and
+      lists the live tails after them (``TAILS_PER_TIP`` at most per tip); ``touch`` refreshes
+      the one tail a lookup then serves.
     - ``publish`` is create-only: a second publish of one block changes nothing.
     - ``missing`` and ``publish`` take a batch: one round trip however many blocks.
     - ``evict`` removes least recently used entries (the tail of a chain before its head) until
@@ -88,12 +121,17 @@ class BlockIndex(Protocol):
 
     key_prefix: str
 
-    def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
-    ) -> tuple[list[IndexEntry], bool]:
+    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]) -> Matched:
         """Entries of the leading blocks present (each one's TTL refreshed to at least its own
-        ``ttls[i]`` seconds), and whether the first missing one was stored once (it expired or
-        was evicted) rather than never seen."""
+        ``ttls[i]`` seconds), whether the first missing one was stored once, and the tails after
+        the last one present (``Matched``)."""
+        ...
+
+    def touch(
+        self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int
+    ) -> None:
+        """Refresh a served tail's TTL to at least ``ttl_s`` seconds and its LRU position (at
+        chain ``position``); a tail without an entry is skipped."""
         ...
 
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]: ...
@@ -104,6 +142,11 @@ class BlockIndex(Protocol):
         ...
 
     def evict(self, max_bytes: int) -> list[str]: ...
+
+    def prune_tails(self) -> None:
+        """Drop the listings of expired tails (a lookup also drops those after the tip it reads;
+        this reaches tips no lookup reads again)."""
+        ...
 
     def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
         """Forget members whose entry is gone (all given, with ``force``)."""

@@ -21,12 +21,19 @@ from store.snapshot.format import KIND, MANIFEST, SNAPSHOT_VERSION, add_member, 
 
 
 def namespace_blocks(index: BlockIndex, namespace: Namespace) -> list[BlockHash]:
-    """Every block the index holds for ``namespace``.
+    """Every block the index holds for ``namespace`` (not its tails: a snapshot carries blocks,
+    and a tail is cheap to compute again).
 
     Raises:
         redis.RedisError: Redis failed.
     """
-    return [parse_member(m)[1] for batch in index.members(namespace=namespace) for m in batch]
+    out: list[BlockHash] = []
+    for batch in index.members(namespace=namespace):
+        entries = index.entries(batch)
+        out += [
+            parse_member(m)[1] for m, e in zip(batch, entries, strict=True) if e is not None and not e.tail
+        ]
+    return out
 
 
 def write_snapshot(

@@ -35,7 +35,8 @@ from store.snapshot.format import (
     read_manifest,
     verify,
 )
-from store.writer import BlockWriter, Stored
+from store.stored import Stored
+from store.writer import BlockWriter
 
 BATCH_BYTES = 64 * 1024 * 1024
 """Verified blob bytes held before they are published (one index round trip per batch)."""

@@ -13,7 +13,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.model.loading import load_model
-from hashing import BLOCK_SIZE, block_hashes
+from hashing import BLOCK_SIZE, block_hashes, tail_hash
 from tests.api import Api
 from tests.helpers import build_tiny_model, random_tokens
 
@@ -43,13 +43,15 @@ def test_twenty_hits_are_twenty_clean_checks(settings, tiny_model, serve) -> Non
         api.complete(prompt)  # a miss: never audited
         api.flush()
         for i in range(20):
-            assert api.complete(prompt + random_tokens(5, seed=i)).cached_tokens == 3 * BLOCK_SIZE
+            assert api.complete(prompt + random_tokens(5, seed=i)).cached_tokens == len(
+                prompt
+            )  # and its tail
         audit = audited(server)
         assert (audit["checks"], audit["mismatches"], audit["pending"]) == (20, 0, 0)
         assert metric(server, "kvproxy_audit_checks_total") == 20
         assert metric(server, "kvproxy_audit_mismatches_total") == 0
         assert metric(server, "kvproxy_audit_max_logit_difference_count") == 20
-        assert audit["recent"][0]["cached_tokens"] == 3 * BLOCK_SIZE
+        assert audit["recent"][0]["cached_tokens"] == len(prompt)
         assert audit["recent"][0]["tokens_compared"] == 8
         assert audit["max_logit_difference"] <= audit["recent"][0]["tolerance"]
 
@@ -105,15 +107,17 @@ def test_blocks_from_other_weights_are_caught_and_removed(settings, serve, tmp_p
                 layer.self_attn.k_proj.weight.mul_(1.5)
                 layer.self_attn.v_proj.weight.mul_(-1.0)
         with caplog.at_level(logging.WARNING, logger="engine.audit"):
-            assert api.complete([*prompt, 5, 6]).cached_tokens == 2 * BLOCK_SIZE
+            assert api.complete([*prompt, 5, 6]).cached_tokens == len(prompt)  # 2 blocks, a tail
             audit = audited(server)
             api.flush()
         assert (audit["checks"], audit["mismatches"]) == (1, 1)
         assert audit["recent"][0]["max_logit_difference"] > audit["recent"][0]["tolerance"]
-        hashes = block_hashes(prompt[: 2 * BLOCK_SIZE], loaded.namespace("default"))
+        namespace = loaded.namespace("default")
+        hashes = block_hashes(prompt[: 2 * BLOCK_SIZE], namespace)
+        hashes.append(tail_hash(hashes[-1], prompt[2 * BLOCK_SIZE :]))
         assert all(h.hex() in caplog.text for h in hashes)
         assert metric(server, "kvproxy_audit_mismatches_total") == 1
-        evicted = 'kvproxy_cache_blocks_evicted_total{reason="audit"} 2.0'
+        evicted = 'kvproxy_cache_blocks_evicted_total{reason="audit"} 3.0'
         assert evicted in httpx.get(f"{server.base_url}/metrics").text
         assert api.complete([*prompt, 7, 8]).cached_tokens == 0  # removed, so computed afresh
         api.flush()
@@ -129,7 +133,7 @@ def test_rate_zero_turns_the_audit_off(settings, tiny_model, serve, rate) -> Non
         prompt = random_tokens(300, seed=73)
         api.complete(prompt)
         api.flush()
-        assert api.complete(prompt).cached_tokens == 2 * BLOCK_SIZE
+        assert api.complete(prompt).cached_tokens == len(prompt) - 1
         assert audited(server)["checks"] == 0
 
 

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import torch
 
+from engine.buffers import BufferPool
 from engine.forward import decode_batch, decode_step, prefill
-from engine.kv import BufferPool, past_from_blocks
+from engine.kv import past_from_blocks
 from engine.worker import Engine
 from tests.helpers import random_tokens
 

@@ -32,7 +32,7 @@ def test_other_weights_under_the_same_name_never_reuse(tmp_path, settings, serve
     with serve_tiny(serve, settings, load_model(str(path), cache_dir=tmp_path)) as server:
         Api(server).complete(prompt)
         Api(server).flush()
-        assert Api(server).complete(prompt).cached_tokens == 256
+        assert Api(server).complete(prompt).cached_tokens == 299  # its blocks and tail
 
     shutil.rmtree(path)
     build_tiny_model(path, seed=1)
@@ -54,15 +54,16 @@ def test_other_kv_dtype_never_reuses(tiny_model, settings, serve, tmp_path) -> N
         assert api.complete(prompt).cached_tokens == 0
         assert api.cache.admin.stats().blocks_matched == 0
         api.flush()
-        assert api.complete(prompt).cached_tokens == 256  # its own blocks do hit
+        assert api.complete(prompt).cached_tokens == 299  # its own blocks and tail do hit
 
 
 def test_restart_keeps_every_hit(tiny_model, settings, serve) -> None:
-    """A new server process state on the same Redis and blob dir hits every stored block."""
+    """A new server process state on the same Redis and blob dir hits every stored block and
+    tail: each prompt all but its last token."""
     prompts = [random_tokens(n, seed=n) for n in (130, 260, 520)]
     with serve(settings, tiny_model) as server:
         for p in prompts:
             Api(server).complete(p)
         Api(server).flush()
     with serve(settings, tiny_model) as server:
-        assert [Api(server).complete(p).cached_tokens for p in prompts] == [128, 256, 512]
+        assert [Api(server).complete(p).cached_tokens for p in prompts] == [129, 259, 519]

@@ -88,7 +88,7 @@ def test_damaged_block_is_a_miss_from_there_on(cached, cold, settings, damage) -
     cached.flush()  # the request re-stored block 1 (and 2) in the background
 
     healed = cached.complete(PROMPT)
-    assert healed.cached_tokens == 3 * 128 and healed.key == damaged.key
+    assert healed.cached_tokens == len(PROMPT) - 1 and healed.key == damaged.key  # blocks, then the tail
     assert cached.cache.admin.stats().verification_failures == failures + 1
 
 

@@ -110,14 +110,14 @@ def test_dashboard_shows_the_stats(settings, tiny_model, serve, tmp_path) -> Non
         chromium("--window-size=1300,2400", f"--screenshot={shot}", f"{server.base_url}/dashboard")
     figures = assert_page_equals_stats(dom, stats, strict=True)
     assert len(figures) >= 40
-    assert figures["deployment.cached_tokens"] == 2 * 256 + 128
+    assert figures["deployment.cached_tokens"] == 2 * 299 + 128  # two blocks and the tail, twice
     text = prefix_text(tiny_model.tokenizer, prompt[:128])
     assert rows(figures, "hot_prefixes", "hits", "tokens_saved", "cached_tokens", "text") == [
-        (2, 512, 256, text),
+        (2, 598, 256, text),
         (1, 128, 128, text),
     ]
     assert len(text) == 60 and text in html.unescape(dom)
-    assert rows(figures, "tenants", "tenant", "hit_rate") == [("default", 640 / 1250)]
+    assert rows(figures, "tenants", "tenant", "hit_rate") == [("default", 726 / 1250)]
     minutes = stats["process"]["ttft_per_minute"]
     assert sum(m[kind]["count"] for m in minutes for kind in ("hit", "partial", "miss")) == 4
     bins = [(b["min_tokens"], b["count"]) for b in stats["process"]["ttft_by_cached_tokens"] if b["count"]]
@@ -164,11 +164,11 @@ def test_a_tenant_sees_its_own_prompts_and_the_admin_none(settings, tiny_model, 
 
     figures = assert_page_equals_stats(admin, admin_stats)
     hot = rows(figures, "hot_prefixes", "tenant", "hits", "tokens_saved", "text")
-    assert hot == [("bob", 2, 512, None), ("alice", 1, 256, None)]
+    assert hot == [("bob", 2, 598, None), ("alice", 1, 299, None)]  # blocks and tail each hit
     assert texts[0] not in html.unescape(admin) and texts[1] not in html.unescape(admin)
     assert html.unescape(admin).count(">hidden: another tenant's prompt</td>") == 2
     tenants = rows(figures, "tenants", "tenant", "prompt_tokens", "cached_tokens")
-    assert tenants == [("bob", 900, 512), ("alice", 600, 256)]
+    assert tenants == [("bob", 900, 598), ("alice", 600, 299)]
     assert_charts_are_labelled(admin)
 
 

@@ -12,7 +12,6 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from hashing import BLOCK_SIZE
 from tests.api import Api
 from tests.helpers import TRAINING_TEXT
 
@@ -46,11 +45,13 @@ def total(usage) -> int:
 
 
 def test_anthropic_client_reads_the_cached_system_block(cached, cold) -> None:
-    """The second question under a 1,000-token cached system block reads every full shared block;
-    the three usage figures add up to the prompt; the answer equals a --no-cache server's."""
+    """The second question under a 1,000-token cached system block reads all of it, to its
+    breakpoint (its blocks, then the tail stored there); the first stored its whole prompt; the
+    three usage figures add up to the prompt; the answer equals a --no-cache server's."""
     first_ids, second_ids = (tokenize(cached.server, q) for q in QUESTIONS)
-    shared = next(i for i, (a, b) in enumerate(zip(first_ids, second_ids, strict=False)) if a != b)
-    assert shared >= 900
+    body = {"messages": [{"role": "system", "content": SYSTEM}], "add_generation_prompt": False}
+    system = len(httpx.post(f"{cached.server.base_url}/tokenize", json=body).json()["tokens"])
+    assert system >= 900 and first_ids[:system] == second_ids[:system]
 
     first = ask(cached.server, QUESTIONS[0])
     cached.flush()
@@ -58,9 +59,9 @@ def test_anthropic_client_reads_the_cached_system_block(cached, cold) -> None:
     baseline = ask(cold.server, QUESTIONS[1])
 
     assert first.usage.cache_read_input_tokens == 0
-    assert first.usage.cache_creation_input_tokens == BLOCK_SIZE * (len(first_ids) // BLOCK_SIZE)
+    assert first.usage.cache_creation_input_tokens == len(first_ids)
     assert total(first.usage) == len(first_ids)
-    assert second.usage.cache_read_input_tokens == BLOCK_SIZE * (shared // BLOCK_SIZE)
+    assert second.usage.cache_read_input_tokens == system
     assert total(second.usage) == len(second_ids)
     assert baseline.usage.cache_read_input_tokens == baseline.usage.cache_creation_input_tokens == 0
     assert second.content[0].text == baseline.content[0].text

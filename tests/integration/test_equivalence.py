@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from engine.worker import Engine
-from hashing import BLOCK_SIZE
 from tests.helpers import prefill_prompt, random_tokens
 from tests.helpers import run_engine as run
 
@@ -30,11 +29,11 @@ def engines(tiny_model, make_cache):
 @pytest.mark.parametrize(
     ("warm_len", "prompt_len", "expected_cached"),
     [
-        (300, 350, 256),  # partial hit: two of two cached blocks, a 94-token suffix
+        (300, 350, 300),  # two blocks and the 44-token tail the warm prompt stored, a 50-token suffix
         (256, 257, 256),  # a hit whose suffix is one token
         (384, 384, 383),  # fully cached, length a multiple of 128: reuse 127 of block 3
         (128, 128, 127),
-        (127, 300, 0),  # warm prompt had no full block
+        (127, 300, 127),  # the warm prompt had no full block: its tail, at the root
     ],
 )
 def test_cached_equals_cold(engines, warm_len, prompt_len, expected_cached) -> None:
@@ -57,7 +56,8 @@ def test_cached_equals_cold(engines, warm_len, prompt_len, expected_cached) -> N
 
 
 def test_generated_blocks_are_cached_for_the_next_turn(engines) -> None:
-    """Prompt + completion crossing a block boundary is stored; a prompt extending it hits."""
+    """Prompt + completion crossing a block boundary is stored (blocks, then the tail up to its
+    last token); a prompt extending it hits all of it."""
     cached, cold = engines
     prompt = tokens(250)
     completion, _, _ = run(cached, prompt, max_tokens=20)
@@ -65,7 +65,7 @@ def test_generated_blocks_are_cached_for_the_next_turn(engines) -> None:
     assert cached.cache is not None and cached.cache.flush(30)
     next_turn = prompt + tuple(completion) + tokens(40, seed=1)
     tokens_warm, cached_tokens, _ = run(cached, next_turn)
-    assert cached_tokens == 2 * BLOCK_SIZE
+    assert cached_tokens == len(prompt) + len(completion)
     assert tokens_warm == run(cold, next_turn)[0]
 
 

@@ -3,7 +3,9 @@ back on its own. Each Redis test runs its own redis-server; the shared one is ne
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -69,7 +71,7 @@ def test_redis_stopped_then_back(faulty) -> None:
     assert api.cache.admin.health() == "ok"
     api.complete(PROMPTS[0])
     api.flush()
-    assert api.complete(PROMPTS[0]).cached_tokens == 256
+    assert api.complete(PROMPTS[0]).cached_tokens == len(PROMPTS[0]) - 1  # 2 blocks, then a tail
 
 
 def test_redis_restarted_empty(faulty, tmp_path) -> None:
@@ -160,12 +162,27 @@ def mount_tmpfs(path, size: str) -> None:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
 
 
+def fill(path) -> None:
+    """Take every free byte of the filesystem under ``path`` (with a file no blob scan lists):
+    then not even a one-token tail fits."""
+    fd = os.open(path / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, bytes(4096)):
+            pass
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_disk_faults(fault, settings, tiny_model, serve, cold, caplog, redis_client, key_prefix) -> None:
     """Blob directory full or read-only: answered and correct, no index entry, one warning."""
     blob_dir = settings.blob_root
     mount_tmpfs(blob_dir, "64k" if fault == "full" else "1m")
     try:
+        if fault == "full":
+            fill(blob_dir)  # NOTE: 64k alone holds no block (64 KiB of K/V) but several tails
         if fault == "read-only":
             subprocess.run(["mount", "-o", "remount,ro", str(blob_dir)], check=True)
         with caplog.at_level(logging.WARNING, logger="store.cache"), serve(settings, tiny_model) as server:
@@ -174,7 +191,8 @@ def test_disk_faults(fault, settings, tiny_model, serve, cold, caplog, redis_cli
                 result = api.complete(p)
                 assert result.status == 200 and result.key == cold.complete(p).key
             api.flush()
-            assert api.cache.admin.stats().save_errors == len(PROMPTS)
+            # failed writes per prompt: its blocks, its tail, and its completion's tail
+            assert api.cache.admin.stats().save_errors == 3 * len(PROMPTS)
             assert not list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
         warnings = [r for r in caplog.records if "cannot write block blobs" in r.getMessage()]
         assert len(warnings) == 1

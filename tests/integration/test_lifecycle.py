@@ -19,6 +19,9 @@ from tests.s3_fixtures import BACKENDS, read_object, stored_names, write_object
 from tests.topology_fixtures import TOPOLOGIES, topology_url
 
 P = random_tokens(300, seed=61)  # 300 prompt + 8 generated tokens: two full blocks
+P_TAILS = 2
+"""Tails P stores after its two blocks (``hashing.tails``): its own 44 tokens, and the 52 of
+prompt + answer."""
 
 
 @pytest.fixture(params=TOPOLOGIES)
@@ -57,15 +60,15 @@ def test_hits_slide_the_ttl_then_the_chain_expires_whole(
         api.complete(P)
         api.flush()
         ttls = [redis_client.ttl(k) for k in block_keys(redis_client, key_prefix)]
-        assert len(ttls) == 2 and all(0 < t <= 2 for t in ttls)
+        assert len(ttls) == 2 + P_TAILS and all(0 < t <= 2 for t in ttls)
         time.sleep(1.3)
-        assert api.complete(P).cached_tokens == 256
+        assert api.complete(P).cached_tokens == len(P) - 1  # the 2 blocks, then P's own tail
         time.sleep(1.3)  # 2.6 s after storing: alive only because the hit refreshed it
-        assert api.complete(P).cached_tokens == 256
+        assert api.complete(P).cached_tokens == len(P) - 1
         time.sleep(2.5)
         assert block_keys(redis_client, key_prefix) == []
         report = api.cache.admin.gc(grace_s=0)
-        assert report.expired == 2
+        assert report.expired == 2 + P_TAILS
         assert files(settings) == [] and api.cache.parts.index.total_bytes() == 0
         assert api.cache.parts.index.num_blocks() == 0
         assert api.complete(P).cached_tokens == 0
@@ -88,7 +91,8 @@ def test_retention_24h_is_granted_up_to_max_ttl(settings, tiny_model, serve, red
 
 
 def test_orphaned_descendants_are_never_served_and_are_reclaimed(cached, settings, redis_client):
-    """Block 0's entry gone: blocks 1 and 2 can never be served; gc removes them and their blobs."""
+    """Block 0's entry gone: blocks 1 and 2 (and the tails after block 2) can never be served; gc
+    removes them and their blobs."""
     prompt = random_tokens(3 * 128 + 30, seed=62)
     cached.complete(prompt)
     cached.flush()
@@ -97,33 +101,42 @@ def test_orphaned_descendants_are_never_served_and_are_reclaimed(cached, setting
     redis_client.delete(cached.cache.parts.index.block_key(namespace, hashes[0]))  # as if it expired
     assert cached.cache.lookup(namespace, prompt, 3).num_blocks == 0
     report = cached.cache.admin.gc(grace_s=0)
-    assert (report.expired, report.orphans) == (1, 2)
+    # orphans: blocks 1 and 2, and the 2 tails after block 2 (the prompt's last 30 tokens; those
+    # and its 8-token answer)
+    assert (report.expired, report.orphans) == (1, 2 + 2)
     assert files(settings) == [] and cached.cache.parts.index.total_bytes() == 0
 
 
 def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
-    """Budget of 4 blocks: A, B stored, A hit, C stored -> B goes (tail first), A stays."""
+    """Budget of 4 blocks: A, B stored, A hit, C stored -> B goes (tail first), A stays. Every
+    tail (``hashing.tails``: 2 per request here) is evicted before any block: at a budget of
+    exactly 4 blocks, each goes as soon as it is stored."""
     a, b, c = (random_tokens(300, seed=s) for s in (71, 72, 73))
     cached.complete(a)
     cached.flush()
-    block_size = cached.cache.parts.index.total_bytes() // 2
+    block_size = (cached.cache.parts.index.total_bytes() - cached.cache.admin.stats().tail_bytes_saved) // 2
     cached.cache.writer.max_bytes = 4 * block_size
     cached.complete(b)
     cached.flush()
-    assert cached.cache.parts.index.num_blocks() == 4 and cached.cache.admin.stats().evicted_budget == 0
+    stats = cached.cache.admin.stats()
+    assert cached.cache.parts.index.num_blocks() == 4  # blocks only: A's and B's tails all went first
+    assert (stats.evicted_budget, stats.tails_saved) == (4, 4)
     cached.complete(a)  # A is now more recently used than B
     cached.complete(c[:200])  # one new block: B's tail must go
     cached.flush()
     namespace = cached.engine.loaded.namespace("default")
     hb = block_hashes(b, namespace)
-    assert cached.cache.admin.stats().evicted_budget == 1
+    stats = cached.cache.admin.stats()
+    assert (stats.evicted_budget, stats.tails_saved) == (1 + 8, 8)  # one block, and every tail
+    assert cached.cache.parts.index.num_blocks() == 4
     assert not cached.cache.parts.blobs.exists(namespace, hb[1])
     assert cached.cache.parts.blobs.exists(namespace, hb[0])
     assert cached.cache.parts.index.total_bytes() <= 4 * block_size
     assert cached.cache.lookup(namespace, a, 2).num_blocks == 2
     cached.complete(c)  # C's second block: B's head goes next
     cached.flush()
-    assert cached.cache.admin.stats().evicted_budget == 2
+    stats = cached.cache.admin.stats()
+    assert (stats.evicted_budget, stats.tails_saved) == (2 + 10, 10)  # two blocks, and every tail
     assert cached.cache.lookup(namespace, b, 2).num_blocks == 0
     assert cached.cache.parts.index.total_bytes() <= 4 * block_size
 
@@ -139,7 +152,7 @@ def test_gc_removes_unindexed_blobs_after_the_grace_period_only(cached, settings
     assert cached.cache.admin.gc(grace_s=60).unindexed_blobs == 0 and stray in files(settings)
     time.sleep(0.2)
     assert cached.cache.admin.gc(grace_s=0.1).unindexed_blobs == 1 and stray not in files(settings)
-    assert cached.complete(P).cached_tokens == 256  # indexed blobs untouched
+    assert cached.complete(P).cached_tokens == len(P) - 1  # indexed blobs (blocks, tail) untouched
 
 
 def test_admin_routes_need_the_admin_key(settings, tiny_model, serve):
@@ -151,11 +164,13 @@ def test_admin_routes_need_the_admin_key(settings, tiny_model, serve):
         assert httpx.get(f"{url}/v1/cache/stats").status_code == 401
         auth = {"Authorization": "Bearer s3cret"}
         stats = httpx.get(f"{url}/v1/cache/stats", headers=auth).json()
-        assert stats["deployment"]["blocks"] == 2 and stats["process"]["cache"]["blocks_saved"] == 2
+        # the index's entries: 2 blocks and P's tails
+        assert stats["deployment"]["blocks"] == 2 + P_TAILS and stats["process"]["cache"]["blocks_saved"] == 2
+        assert stats["process"]["cache"]["tails_saved"] == P_TAILS
         assert (
             httpx.post(f"{url}/v1/cache/clear", headers={"Authorization": "Bearer nope"}).status_code == 401
         )
-        assert httpx.post(f"{url}/v1/cache/clear", headers=auth).json() == {"removed_blocks": 2}
+        assert httpx.post(f"{url}/v1/cache/clear", headers=auth).json() == {"removed_blocks": 2 + P_TAILS}
         assert files(settings) == [] and api.complete(P).cached_tokens == 0
 
 
@@ -179,11 +194,11 @@ def test_cli_stats_gc_clear(cached, settings, key_prefix):
         cmd = [sys.executable, "-m", "proxy.cli", "cache", *args, *flags]
         return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
 
-    assert '"blocks": 2' in cli("stats")
+    assert f'"blocks": {2 + P_TAILS}' in cli("stats")  # 2 blocks and P's tails
     assert '"unindexed_blobs": 0' in cli("gc")
     namespace = cached.engine.loaded.namespace("default").hex()
     assert cli("clear", "--namespace", "0" * 32) == '{"removed_blocks": 0}\n'
-    assert cli("clear", "--namespace", namespace) == '{"removed_blocks": 2}\n'
+    assert cli("clear", "--namespace", namespace) == f'{{"removed_blocks": {2 + P_TAILS}}}\n'
     assert files(settings) == []
 
 

@@ -44,7 +44,8 @@ def test_metrics_move_by_exactly_the_tokens_in_usage(cached) -> None:
         assert delta("kvproxy_prompt_tokens_total") == usage["prompt_tokens"]
         assert delta("kvproxy_time_to_first_token_seconds_count", cache=expected_kind) == 1
         assert delta("kvproxy_requests_total", route="/v1/completions", status="200") == 1
-    assert after[("kvproxy_cache_blocks", ())] == 2 and after[("kvproxy_redis_up", ())] == 1
+    # NOTE: two blocks and two tails: after the prompt, and after the completion
+    assert after[("kvproxy_cache_blocks", ())] == 4 and after[("kvproxy_redis_up", ())] == 1
 
 
 def test_metric_labels_are_bounded(cached, settings, redis_client) -> None:
@@ -78,7 +79,8 @@ def test_metric_labels_are_bounded(cached, settings, redis_client) -> None:
 
 
 def test_cache_headers_on_every_response(cached) -> None:
-    """x-kvproxy-cache is miss, then partial, then hit; cached tokens agree with usage."""
+    """x-kvproxy-cache is miss, then partial, then hit; cached tokens agree with usage, and
+    x-kvproxy-tail-tokens says how many of them a tail served."""
     prompt = random_tokens(300, seed=303)
     first = post(cached, prompt[:200])
     cached.flush()
@@ -86,14 +88,19 @@ def test_cache_headers_on_every_response(cached) -> None:
     cached.flush()
     hit = post(cached, prompt)
     seen = [
-        (r.headers["x-kvproxy-cache"], int(r.headers["x-kvproxy-cached-tokens"]))
+        (
+            r.headers["x-kvproxy-cache"],
+            int(r.headers["x-kvproxy-cached-tokens"]),
+            int(r.headers["x-kvproxy-tail-tokens"]),
+        )
         for r in (first, partial, hit)
     ]
-    assert seen == [("miss", 0), ("partial", 128), ("hit", 256)]
+    # NOTE: the partial hit is block 0 and the tail the 200-token prompt stored after it
+    assert seen == [("miss", 0, 0), ("partial", 200, 72), ("hit", 299, 43)]
     assert [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, partial, hit)] == [
         0,
-        128,
-        256,
+        200,
+        299,
     ]
     small = post(cached, prompt[:50])
     assert small.headers["x-kvproxy-cache"] == "miss" and "kvproxy_cache_explanation" not in small.json()
@@ -123,14 +130,21 @@ def test_explanation_names_the_diverging_position(cached) -> None:
 
 
 def test_explanations_reasons(cached, redis_client, key_prefix) -> None:
-    """partial last block; expired or evicted; failed verification."""
+    """partial last block (no tail continues the blocks); none for a repeat (blocks and tail);
+    expired or evicted."""
     prompt = random_tokens(300, seed=306)
     post(cached, prompt)
     cached.flush()
     explain = {"x-kvproxy-explain": "1"}
-    assert (
-        post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]["reason"] == "partial last block"
+    other_tail = prompt[:290] + random_tokens(10, seed=316)
+    explanation = post(cached, other_tail, **explain).json()["kvproxy_cache_explanation"]
+    assert (explanation["reason"], explanation["block_tokens"], explanation["tail_tokens"]) == (
+        "partial last block",
+        256,
+        0,
     )
+    explanation = post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]
+    assert (explanation["reason"], explanation["block_tokens"], explanation["tail_tokens"]) == (None, 256, 43)
     for key in redis_client.scan_iter(match=f"{key_prefix}*:b:*"):
         redis_client.delete(key)  # as if their TTL ran out
     assert (
@@ -150,8 +164,8 @@ def test_stats_add_up_across_processes_and_windows(settings, tiny_model, serve) 
         stats = [httpx.get(f"{s.base_url}/stats").json() for s in (one, two)]
     deployment = stats[0]["deployment"]
     assert deployment["prompt_tokens"] == sum(s["process"]["prompt_tokens"] for s in stats) == 600
-    assert deployment["cached_tokens"] == sum(s["process"]["cached_tokens"] for s in stats) == 256
-    assert deployment["last_minute"] == {"queried_tokens": 600, "hit_tokens": 256, "hit_rate": 256 / 600}
+    assert deployment["cached_tokens"] == sum(s["process"]["cached_tokens"] for s in stats) == 299
+    assert deployment["last_minute"] == {"queried_tokens": 600, "hit_tokens": 299, "hit_rate": 299 / 600}
     assert stats[1]["process"]["ttft_seconds"]["hit"]["count"] == 1
 
 

@@ -2,8 +2,8 @@
 HTTP): what is reused where, exactly, and that a cached answer is always the cold answer.
 
 Each test is a short story with numbered steps; the numbers are exact (``cached_tokens`` is
-``min(128 k, n - 1)``, see ``hashing.reusable_tokens``). The cold server (``--no-cache``) gives
-the reference answers.
+``min(128 k, n - 1)`` for k cached blocks, see ``hashing.reusable_tokens``, plus what a tail
+served, ``hashing.tails``). The cold server (``--no-cache``) gives the reference answers.
 """
 
 from __future__ import annotations
@@ -22,20 +22,33 @@ LENGTHS = [127, 128, 129, 255, 256, 257, 383, 384, 385, 1024, 1025]
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_block_boundaries_report_exact_cached_tokens(cached, cold, n) -> None:
-    """Second send of an n-token prompt: cached_tokens = min(128 * (n // 128), n - 1)."""
+    """Second send of an n-token prompt: cached_tokens = n - 1, whatever n."""
     prompt = random_tokens(n, seed=n)
-    # 1. First send: nothing cached; its full blocks are stored in the background.
+    # 1. First send: nothing cached; its full blocks and its tail are stored in the background.
     first = cached.complete(prompt)
     cached.flush()
-    # 2. Second send: every full block hits, but the last prompt token is always computed.
+    # 2. Second send: every full block hits, then the tail, but the last prompt token is always
+    #    computed.
     second = cached.complete(prompt)
     reference = cold.complete(prompt)
     assert first.cached_tokens == 0
-    assert second.cached_tokens == min(128 * (n // 128), n - 1)
+    assert second.cached_tokens == n - 1
     assert second.prompt_tokens == n
     # 3. Both answers are the cold answer.
     assert first.key == second.key == reference.key
     assert len(second.token_ids) > 0
+
+
+def test_every_repeated_prompt_reuses_all_but_its_last_token(cached, cold) -> None:
+    """For every length n from 2 to 300: the second send reports n - 1 cached tokens, and both
+    answers are the cold server's, token for token."""
+    for n in range(2, 301):
+        prompt = random_tokens(n, seed=10_000 + n)
+        first = cached.complete(prompt, max_tokens=4)
+        cached.flush()
+        second = cached.complete(prompt, max_tokens=4)
+        assert (first.cached_tokens, second.cached_tokens) == (0, n - 1), n
+        assert first.key == second.key == cold.complete(prompt, max_tokens=4).key, n
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -88,17 +101,18 @@ def test_stored_blocks_are_never_rewritten(cached, cold, settings) -> None:
     """P, P+S1, P+S2, P+S1 again, a truncation of P+S1: all identical to cold; P's files unchanged."""
     p = random_tokens(300, seed=1)
     s1, s2 = random_tokens(200, seed=2), random_tokens(150, seed=3)
-    # 1. P (300 tokens + 8 generated) stores two full blocks.
+    # 1. P (300 tokens + 8 generated) stores two full blocks and two tails (after the prompt,
+    #    after the completion).
     cached.complete(p)
     cached.flush()
     p_blobs = digests(settings.blob_root)
-    assert len(p_blobs) == 2
+    assert len(p_blobs) == 4
     # 2. Prompts that extend or cut P reuse its blocks and store their own.
     for prompt in (p, p + s1, p + s2, p + s1, (p + s1)[:420]):
         warm = cached.complete(prompt)
         cached.flush()
         assert warm.key == cold.complete(prompt).key, len(prompt)
-    # 3. P's two blobs are byte for byte what they were.
+    # 3. P's blobs are byte for byte what they were.
     after = digests(settings.blob_root)
     assert {name: after[name] for name in p_blobs} == p_blobs
 

@@ -31,7 +31,8 @@ def chat(server, messages: list[dict], key: str | None = None) -> dict:
 
 def test_prewarmed_system_prompt_is_hit_by_the_first_chat(settings, tiny_model, serve) -> None:
     """Prewarm [system] without the generation prompt; the first chat with that system prompt
-    reports 128·⌊shared/128⌋ cached tokens and answers as a --no-cache server does."""
+    reports every one of its tokens cached (its blocks, then its tail) and answers as a
+    --no-cache server does."""
     system = [{"role": "system", "content": SYSTEM}]
     messages = [*system, {"role": "user", "content": "What is rule 7?"}]
     cold = settings.model_copy(update={"no_cache": True})
@@ -45,43 +46,50 @@ def test_prewarmed_system_prompt_is_hit_by_the_first_chat(settings, tiny_model, 
             "model": "tiny",
             "prompt_tokens": shared,
             "stored_blocks": shared // BLOCK_SIZE,
-            "stored_tokens": BLOCK_SIZE * (shared // BLOCK_SIZE),
+            "stored_tokens": shared,
             "cached_blocks": 0,
             "cached_tokens": 0,
-            "uncached_tokens": shared % BLOCK_SIZE,
+            "tail_tokens": shared % BLOCK_SIZE,
+            "uncached_tokens": 0,
             "ttl_s": 0,
         }
         stats = server.app.state.engine.stats()
         assert (stats.requests, stats.prompt_tokens) == (0, 0)  # not a request, not in hit rates
-        assert stats.prewarm_tokens == BLOCK_SIZE * (shared // BLOCK_SIZE)
+        assert stats.prewarm_tokens == shared
 
         answer, expected = chat(server, messages), chat(reference, messages)
-        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == BLOCK_SIZE * (
-            shared // BLOCK_SIZE
-        )
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
         assert answer["choices"][0]["message"] == expected["choices"][0]["message"]
 
         again = post(server, {"messages": system, "add_generation_prompt": False, "ttl": 99})
-        assert again.json()["stored_blocks"] == 0
+        assert (again.json()["stored_blocks"], again.json()["stored_tokens"]) == (0, 0)
         assert again.json()["cached_blocks"] == shared // BLOCK_SIZE
+        assert again.json()["cached_tokens"] == shared
         assert again.json()["ttl_s"] == 99
 
 
 def test_prompt_as_text_or_ids_and_a_partial_prefix(settings, tiny_model, serve) -> None:
-    """Token ids: only full blocks are stored; a longer prompt stores only its new blocks."""
+    """Token ids: full blocks and the tail are stored; a longer prompt stores only its new blocks
+    and its own tail; with --no-tails only full blocks."""
     ids = random_tokens(700, seed=31)
     with serve(settings, tiny_model) as server:
         first = post(server, {"prompt": ids[:300]}).json()
-        assert (first["stored_blocks"], first["cached_blocks"], first["uncached_tokens"]) == (2, 0, 44)
+        assert (first["stored_blocks"], first["stored_tokens"], first["tail_tokens"]) == (2, 300, 44)
+        assert (first["cached_blocks"], first["uncached_tokens"]) == (0, 0)
         second = post(server, {"prompt": ids, "model": "tiny"}).json()
-        assert (second["stored_blocks"], second["cached_blocks"], second["uncached_tokens"]) == (3, 2, 60)
+        assert (second["stored_blocks"], second["stored_tokens"], second["tail_tokens"]) == (3, 444, 60)
+        assert (second["cached_blocks"], second["cached_tokens"], second["uncached_tokens"]) == (2, 256, 0)
         result = Api(server).complete(ids + random_tokens(20, seed=32))
-        assert result.cached_tokens == 5 * BLOCK_SIZE
+        assert result.cached_tokens == len(ids)
         text = post(server, {"prompt": "short"}).json()
-        assert (text["stored_blocks"], text["cached_blocks"], text["uncached_tokens"]) == (
+        assert (text["stored_blocks"], text["cached_blocks"], text["uncached_tokens"]) == (0, 0, 0)
+        assert text["stored_tokens"] == text["tail_tokens"] == text["prompt_tokens"]
+    with serve(settings.model_copy(update={"no_tails": True}), tiny_model) as server:
+        blocks_only = post(server, {"prompt": random_tokens(300, seed=33)}).json()
+        assert (blocks_only["stored_tokens"], blocks_only["tail_tokens"], blocks_only["uncached_tokens"]) == (
+            256,
             0,
-            0,
-            text["prompt_tokens"],
+            44,
         )
 
 
@@ -142,8 +150,8 @@ def test_the_prewarm_command_reads_json_lines(settings, tiny_model, serve, tmp_p
         assert "line 4: not JSON" in result.output and "line 5: token id" in result.output
         totals = json.loads(result.output.strip().splitlines()[-1])
         assert totals["prompts"] == 2 and totals["failed"] == 2 and totals["cached_blocks"] == 0
-        assert totals["stored_blocks"] == server.app.state.cache.usage()[0]
-        assert Api(server).complete(ids).cached_tokens == 2 * BLOCK_SIZE
+        assert totals["stored_blocks"] == server.app.state.cache.usage()[0] - 2  # and a tail each
+        assert Api(server).complete(ids).cached_tokens == len(ids) - 1
 
 
 def test_what_chat_refuses_prewarm_refuses(settings, tiny_model, serve, tmp_path) -> None:

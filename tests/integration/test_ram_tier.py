@@ -26,8 +26,9 @@ def test_hot_blocks_are_served_without_reading_their_blobs(cached, cold, setting
     for blob in settings.blob_root.rglob("*.safetensors"):
         blob.unlink()
     result = cached.complete(PROMPT)
-    assert result.cached_tokens == 384
+    assert result.cached_tokens == len(PROMPT) - 1  # the 3 blocks, then 19 of the prompt's tail
     assert cached.cache.admin.stats().blocks_from_ram == 3
+    assert cached.cache.admin.stats().tails_hit == 1  # the tail from RAM too, its blob gone
     assert result.key == cold.complete(PROMPT).key
 
 
@@ -38,10 +39,12 @@ def test_blocks_read_from_disk_enter_ram(settings, tiny_model, serve) -> None:
         Api(first).flush()
     with serve(settings, tiny_model) as second:
         api = Api(second)
-        assert api.complete(PROMPT).cached_tokens == 384
+        assert api.complete(PROMPT).cached_tokens == len(PROMPT) - 1  # 3 blocks, then a tail
         assert api.cache.admin.stats().blocks_from_ram == 0
-        assert api.complete(PROMPT).cached_tokens == 384
-        assert api.cache.admin.stats().blocks_from_ram == 3 and len(api.cache.parts.ram) == 3
+        assert api.complete(PROMPT).cached_tokens == len(PROMPT) - 1
+        api.flush()  # NOTE: the completion's tail, already indexed, enters RAM as the writer meets it
+        # 3 blocks and 2 tails (the prompt's, read from disk, and its completion's)
+        assert api.cache.admin.stats().blocks_from_ram == 3 and len(api.cache.parts.ram) == 3 + 2
 
 
 def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_prefix) -> None:
@@ -49,7 +52,7 @@ def test_ram_never_serves_a_block_the_index_dropped(cached, redis_client, key_pr
     the blocks are still in RAM, yet the next request is a miss."""
     cached.complete(PROMPT)
     cached.flush()
-    assert len(cached.cache.parts.ram) == 3
+    assert len(cached.cache.parts.ram) == 3 + 2  # 3 blocks, the prompt's tail, its completion's
     redis_client.delete(*redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
     assert cached.complete(PROMPT).cached_tokens == 0
     assert cached.cache.admin.stats().blocks_from_ram == 0
@@ -65,6 +68,7 @@ def test_a_request_right_after_another_hits_while_the_writer_is_behind(cached, c
     on_disk = list(settings.blob_root.rglob("*.safetensors"))
     gate.set()
     cached.flush()
-    assert result.cached_tokens == 384 and not on_disk
+    assert result.cached_tokens == len(PROMPT) - 1 and not on_disk  # the tail is pending too
     assert result.key == cold.complete(PROMPT).key
-    assert len(list(settings.blob_root.rglob("*.safetensors"))) >= 3 and not cached.cache.writer.pending
+    # 3 blocks, the prompt's tail and its completion's (the repeat's are the same ones)
+    assert len(list(settings.blob_root.rglob("*.safetensors"))) == 3 + 2 and not cached.cache.writer.pending

@@ -90,7 +90,8 @@ def test_the_cache_routes_refuse_anonymous_clients_by_default(settings, tiny_mod
         ]
         assert [r.status_code for r in calls] == [401] * 5
         assert all("--admin-key" in r.json()["error"]["message"] for r in calls)
-        assert server.app.state.cache.usage()[0] == 3  # nothing cleared
+        # nothing cleared: 3 blocks and 2 tails (the prompt's last token; it and the 8 generated)
+        assert server.app.state.cache.usage()[0] == 3 + 2
         prewarm = httpx.post(f"{base}/prewarm", json={"prompt": PROMPT_B}, timeout=60)
         assert prewarm.status_code == 200 and prewarm.json()["stored_blocks"] == 3
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hashing import BlockHash, Namespace
 from store.entries import IndexEntry, member_name, parse_member
-from store.index.base import Publication
+from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Matched, Publication, TailListing
 from store.index.memory.counters import MemoryCounters
 from store.index.memory.hot import MemoryHotPrefixes
 
@@ -49,6 +49,8 @@ class MemoryIndex:
         self.sizes: dict[str, int] = {}
         self.seen: set[str] = set()
         self.parents: dict[str, str] = {}  # member -> parent member ("" for block 0)
+        # (namespace, tip or None) -> {tail hash: (listing, expires at)}
+        self.tails: dict[tuple[Namespace, BlockHash | None], dict[BlockHash, tuple[TailListing, float]]] = {}
         self.counters = MemoryCounters(clock)
         self.hot = MemoryHotPrefixes(self)
         self._lock = threading.RLock()
@@ -67,20 +69,45 @@ class MemoryIndex:
         return found[0]
 
     @_locked
-    def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
-    ) -> tuple[list[IndexEntry], bool]:
+    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]) -> Matched:
         out: list[IndexEntry] = []
+        seen = False
         for i, h in enumerate(hashes):
             member = member_name(namespace, h)
             entry = self._entry(member)
             if entry is None:
-                return out, member in self.seen
+                seen = member in self.seen
+                break
             expires = max(self.entries_[member][1], self.clock() + ttls[i])
             self.entries_[member] = (entry, expires)
             self.lru[member] = self.clock() - i * 1e-6
             out.append(entry)
-        return out, False
+        tip = hashes[len(out) - 1] if out else None
+        return Matched(out, seen, [listing for listing, _ in self._tails(namespace, tip).values()])
+
+    def _tails(
+        self, namespace: Namespace, tip: BlockHash | None
+    ) -> dict[BlockHash, tuple[TailListing, float]]:
+        """The live tails after ``tip``, those expired dropped."""
+        listed = self.tails.get((namespace, tip), {})
+        for h in [h for h, (_, expires) in listed.items() if expires <= self.clock()]:
+            del listed[h]
+        return listed
+
+    @_locked
+    def touch(
+        self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int
+    ) -> None:
+        member = member_name(namespace, tail_hash)
+        entry = self._entry(member)
+        if entry is None:
+            return
+        expires = max(self.entries_[member][1], self.clock() + ttl_s)
+        self.entries_[member] = (entry, expires)
+        self.lru[member] = self.clock() - TAIL_AGE_S - position * 1e-6
+        listed = self._tails(namespace, tip)
+        if tail_hash in listed:
+            listed[tail_hash] = (listed[tail_hash][0], expires)
 
     @_locked
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
@@ -92,11 +119,30 @@ class MemoryIndex:
             member = member_name(namespace, b.block_hash)
             if self._entry(member) is None:
                 self.entries_[member] = (b.entry, self.clock() + b.ttl_s)
-                self.lru[member] = b.used_at - b.position * 1e-6
+                self.lru[member] = b.used_at - (TAIL_AGE_S if b.entry.tail else 0) - b.position * 1e-6
                 self.sizes.setdefault(member, b.entry.size)
+                if b.entry.tail:
+                    self._list_tail(namespace, b)
+                    continue
                 self.seen.add(member)
                 self.parents[member] = member_name(namespace, b.parent) if b.parent is not None else ""
         return self.total_bytes()
+
+    def _list_tail(self, namespace: Namespace, b: Publication) -> None:
+        listed = self.tails.setdefault((namespace, b.parent), {})
+        self._tails(namespace, b.parent)
+        listing = TailListing(b.block_hash, b.entry.tail, b.short_hash)
+        listed[b.block_hash] = (listing, self.clock() + b.ttl_s)
+        for h, _ in sorted(listed.items(), key=lambda item: item[1][1])[
+            : max(0, len(listed) - TAILS_PER_TIP)
+        ]:
+            del listed[h]
+
+    @_locked
+    def prune_tails(self) -> None:
+        for namespace, tip in list(self.tails):
+            if not self._tails(namespace, tip):
+                del self.tails[(namespace, tip)]
 
     @_locked
     def evict(self, max_bytes: int) -> list[str]:
@@ -126,6 +172,11 @@ class MemoryIndex:
         self.reclaim([member_name(namespace, block_hash)], force=True)
 
     def _forget(self, member: str) -> None:
+        found = self.entries_.get(member)
+        if found is not None and found[0].tail:
+            namespace, tail_hash = parse_member(member)
+            tip = BlockHash(bytes.fromhex(found[0].parent)) if found[0].parent else None
+            self.tails.get((namespace, tip), {}).pop(tail_hash, None)
         self.entries_.pop(member, None)
         self.lru.pop(member, None)
         self.sizes.pop(member, None)

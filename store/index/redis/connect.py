@@ -32,7 +32,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.connection import Encoder
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -148,10 +148,24 @@ class LazyCluster:
         return Encoder("utf-8", "strict", False)  # type: ignore[no-untyped-call]
 
     def register_script(self, script: str) -> Script:
-        return Script(self, script)  # type: ignore[arg-type]
+        return NodeScript(self, script)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real(), name)
+
+
+class NodeScript(Script):
+    """A Lua script on a Cluster: by its SHA, and where the node holding its keys lacks it, by its
+    text there (``EVAL`` goes only to that node). redis-py's own ``Script`` would send
+    ``SCRIPT LOAD`` to every primary, which fails while any one is down: a script first used
+    after a node went away would then fail on the nodes still up."""
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        keys, args, client = list(keys or []), list(args or []), client or self.registered_client
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(self.script, len(keys), *keys, *args)
 
 
 def _parse(url: str, *, tls: bool) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:

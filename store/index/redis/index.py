@@ -21,11 +21,12 @@ import redis
 
 from hashing import BlockHash, Namespace
 from store.entries import IndexEntry, member_name
-from store.index.base import Publication
+from store.index.base import Matched, Publication
 from store.index.redis import scripts
 from store.index.redis.counters import SharedCounters
 from store.index.redis.hot import RedisHotPrefixes
 from store.index.redis.keys import IndexKeys
+from store.index.redis.tails import TailListings, parse_tails
 
 SEEN_TTL_S = 7 * 86_400
 """Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""
@@ -45,40 +46,32 @@ class RedisIndex:
         self._publish = client.register_script(scripts.PUBLISH)
         self._forget = client.register_script(scripts.FORGET)
         self._promote = client.register_script(scripts.PROMOTE)
+        self.tails = TailListings(client, self.keys)
         self._hot: RedisHotPrefixes | None = None
 
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
         return self.keys.block(namespace, block_hash)
 
-    def match(
-        self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]
-    ) -> tuple[list[IndexEntry], bool]:
-        """Entries of the leading blocks present, stopping at the first missing one.
-
-        One round trip on the namespace's node; refreshes the TTL of matched key i to at least
-        ``ttls[i]`` seconds and marks it used now. An entry that does not parse ends the match.
-
-        Returns:
-            The entries, and whether the first missing block (if any) was stored once before
-            (it expired or was evicted) rather than never seen.
-        """
-        if not hashes:
-            return [], False
-        ns = namespace.hex()
-        keys = [
-            self.keys.of(ns, "lru"),
-            *(self.keys.block(namespace, h) for h in hashes),
-            *(self.keys.seen(namespace, h) for h in hashes),
-        ]
-        members = [member_name(namespace, h) for h in hashes]
-        raws, seen = self._match(keys=keys, args=[time.time(), 0, *ttls, *members])
+    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]) -> Matched:
+        """The leading blocks present and the tails after them (``Matched``), in one round trip on
+        the namespace's node; refreshes the TTL of matched key i to at least ``ttls[i]`` seconds
+        and marks it used now. An entry that does not parse ends the match (and lists no tail)."""
+        keys, args = scripts.match_arguments(self.keys, namespace, hashes, ttls, time.time())
+        raws, seen, listed = self._match(keys=keys, args=args)
         entries: list[IndexEntry] = []
         for raw in raws:
             try:
                 entries.append(IndexEntry.from_json(raw))
             except (ValueError, KeyError, TypeError):
                 break
-        return entries, bool(seen)
+        tails = parse_tails(listed) if len(entries) == len(raws) else []
+        return Matched(entries, bool(seen), tails)
+
+    def touch(
+        self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int
+    ) -> None:
+        """Refresh a served tail (``store.index.redis.tails``)."""
+        self.tails.touch(namespace, tip, tail_hash, ttl_s, position)
 
     def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
         """Hashes of blocks stored under ``parent`` (None: the first block of a chain) that
@@ -159,10 +152,18 @@ class RedisIndex:
                 return evicted
             evicted += removed
 
+    def prune_tails(self) -> None:
+        """Drop expired tails from every namespace's listings (``store.index.redis.tails``)."""
+        self.tails.prune(self._namespaces())
+
     def _forget_members(
         self, ns: str, members: Sequence[tuple[str, float]], mode: str, budget: int = 0
     ) -> list[str]:
-        keys = [*self.keys.accounts(ns), *(self.keys.member(m) for m, _ in members)]
+        keys = [
+            *self.keys.accounts(ns),
+            self.keys.of(ns, "tails"),
+            *(self.keys.member(m) for m, _ in members),
+        ]
         args: list[str | int] = [mode, budget]
         for member, score in members:
             args += [member, repr(float(score))]

@@ -13,6 +13,9 @@ the cluster's nodes. A block's *member* name is ``{ns_hex}:b:{hash_hex}`` (no br
     ``{prefix}{{ns}}:s:{hash}``  "seen": a block was stored once (kept a week), to tell a miss on a
                                  block never seen from one on a block that expired or was evicted
     ``{prefix}{{ns}}:c:{parent_hex or "root"}``  set of child hashes, to find where a prompt diverged
+    ``{prefix}{{ns}}:tails``     hash: tip hex (or ``root``) -> JSON list of the tails after it,
+                                 ``[hash hex, tokens, short hash hex, expires at]`` (a tail's own
+                                 entry is a ``b:`` key like a block's, with ``"tail"``: its tokens)
     ``{prefix}namespaces``       set of every namespace that ever published (for the global totals)
     ``{prefix}{{ns}}:hot``, ``:hot:hits``, ``:hot:root``  the namespace's hot prefixes: a sorted
                                  set of deepest block hashes by tokens saved, their hits, and

@@ -7,60 +7,137 @@ namespace, so they share one Redis Cluster hash slot (``store.index.redis.index`
 NOTE: ``EXPIRE ... GT`` (Redis >= 7) refreshes a TTL but never shortens one, so a block stored
 with a longer retention keeps it when a request with the default TTL hits it. LRU scores are the
 time of the request (the caller's clock), a block deeper in the chain one microsecond "older", so
-the blocks one request used or stored are evicted tail first.
+the blocks one request used or stored are evicted tail first; a tail (``hashing.tails``) is scored
+``TAIL_AGE_S`` older still, so every tail goes before any block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hashing import Namespace
+from hashing import BlockHash, Namespace
 from store.entries import member_name
-from store.index.base import Publication
+from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Publication
 from store.index.redis.keys import IndexKeys
 
-# MATCH: walk a chain, stopping at the first missing entry; refresh TTL and LRU of each found.
-#   KEYS[1]    the namespace's LRU sorted set
-#   KEYS[1 + i]      block i's entry key (chain order, n blocks)
-#   KEYS[1 + n + i]  block i's "seen" key
-#   ARGV[1]    now (Unix seconds)     ARGV[2]  length of the entry keys' prefix before the member
+# Tails (``hashing.tails``) are listed in one hash per namespace, the "tails" key: field = the
+# tip's hex hash (``root`` for the namespace root) -> JSON list of [tail hex, length, short hex
+# or "", expires at (Unix seconds)], at most TAILS_PER_TIP, the ones expiring last. An item's
+# expiry follows its entry's TTL (set and refreshed with it); FORGET removes the item with the
+# entry, so a lookup never lists a tail the index dropped.
+LIVE_TAILS = """
+local function live_tails(key, field, now, drop)
+  local raw = redis.call('HGET', key, field)
+  if not raw then return {} end
+  local kept = {}
+  for _, item in ipairs(cjson.decode(raw)) do
+    if tonumber(item[4]) > now and item[1] ~= drop then kept[#kept + 1] = item end
+  end
+  if #kept == 0 then
+    redis.call('HDEL', key, field)
+  else
+    redis.call('HSET', key, field, cjson.encode(kept))
+  end
+  return kept
+end
+"""
+
+# MATCH: walk a chain, stopping at the first missing entry; refresh TTL and LRU of each found;
+# list the live tails after the last one found.
+#   KEYS[1]    the namespace's LRU sorted set     KEYS[2]  its tails hash
+#   KEYS[2 + i]      block i's entry key (chain order, n blocks)
+#   KEYS[2 + n + i]  block i's "seen" key
+#   ARGV[1]    now (Unix seconds)     ARGV[2]  unused (0)
 #   ARGV[2 + i]  block i's TTL in seconds      ARGV[2 + n + i]  block i's member name
-# Returns {entries found (JSON strings), 1 if the first missing block was stored once else 0}.
-MATCH = """
-local n = (#KEYS - 1) / 2
+#   ARGV[2 + 2n + 1 + k]  the tails field after k blocks (k = 0 .. n)
+# Returns {entries found (JSON strings), 1 if the first missing block was stored once else 0,
+# the live tails after them (JSON list)}.
+MATCH = (
+    LIVE_TAILS
+    + """
+local n = (#KEYS - 2) / 2
 local now = tonumber(ARGV[1])
 local entries = {}
 local seen = 0
 for i = 1, n do
-  local entry = redis.call('GET', KEYS[1 + i])
+  local entry = redis.call('GET', KEYS[2 + i])
   if not entry then
-    seen = redis.call('EXISTS', KEYS[1 + n + i])
+    seen = redis.call('EXISTS', KEYS[2 + n + i])
     break
   end
-  redis.call('EXPIRE', KEYS[1 + i], ARGV[2 + i], 'GT')
+  redis.call('EXPIRE', KEYS[2 + i], ARGV[2 + i], 'GT')
   redis.call('ZADD', KEYS[1], 'XX', now - i * 1e-6, ARGV[2 + n + i])
   entries[i] = entry
 end
-return {entries, seen}
+local tails = live_tails(KEYS[2], ARGV[3 + 2 * n + #entries], now, nil)
+return {entries, seen, cjson.encode(tails)}
 """
+)
 
-# PUBLISH: index blocks whose blobs are complete (SET NX: the first writer of each block wins).
-#   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes
-#   KEYS[3 + 3(i-1) + 1..3]  block i's entry key, its "seen" key, its parent's children set
-#   ARGV[1] "seen" TTL (s)
-#   ARGV[1 + 7(i-1) + 1..7]  block i's entry JSON, TTL (s), member name, blob bytes, block index,
-#                            used at (Unix seconds), block hash (hex)
-# Returns the bytes the namespace holds now (a block whose entry existed writes nothing).
-PUBLISH = """
-local n = (#KEYS - 3) / 3
+
+def match_arguments(
+    keys: IndexKeys, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int], now: float
+) -> tuple[list[str], list[str | int | float]]:
+    """``(KEYS, ARGV)`` of one MATCH call for the chain ``hashes``, as its legend lays them out."""
+    ns = namespace.hex()
+    out_keys = [keys.of(ns, "lru"), keys.of(ns, "tails")]
+    out_keys += [keys.block(namespace, h) for h in hashes] + [keys.seen(namespace, h) for h in hashes]
+    fields = [tails_field(None), *(tails_field(h) for h in hashes)]
+    return out_keys, [now, 0, *ttls, *(member_name(namespace, h) for h in hashes), *fields]
+
+
+# TOUCH: refresh a tail a lookup served: its TTL (never shortened), LRU position, listed expiry.
+#   KEYS[1] LRU sorted set   KEYS[2] tails hash   KEYS[3] the tail's entry key
+#   ARGV[1] now (Unix seconds)   ARGV[2] TTL (s)   ARGV[3] member name   ARGV[4] tails field
+#   ARGV[5] tail hash (hex)   ARGV[6] its chain position   ARGV[7] TAIL_AGE_S
+TOUCH = (
+    LIVE_TAILS
+    + """
+if redis.call('EXPIRE', KEYS[3], ARGV[2], 'GT') == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+  return 0
+end
+local now = tonumber(ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', now - tonumber(ARGV[7]) - tonumber(ARGV[6]) * 1e-6, ARGV[3])
+local tails = live_tails(KEYS[2], ARGV[4], now, nil)
+for _, item in ipairs(tails) do
+  if item[1] == ARGV[5] then item[4] = math.max(tonumber(item[4]), now + tonumber(ARGV[2])) end
+end
+if #tails > 0 then redis.call('HSET', KEYS[2], ARGV[4], cjson.encode(tails)) end
+return 1
+"""
+)
+
+# PUBLISH: index blocks and tails whose blobs are complete (SET NX: the first writer of each wins).
+#   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[4] tails hash
+#   KEYS[4 + 3(i-1) + 1..3]  item i's entry key, its "seen" key, its parent's children set
+#   ARGV[1] "seen" TTL (s)   ARGV[2] TAILS_PER_TIP   ARGV[3] TAIL_AGE_S (a tail's LRU setback)
+#   ARGV[3 + 10(i-1) + 1..10]  item i's entry JSON, TTL (s), member name, blob bytes, chain
+#                            position, used at (Unix seconds), hash (hex), tail length (0: a
+#                            block), short tail hash (hex or ""), tails field (its tip)
+# Returns the bytes the namespace holds now (an item whose entry existed writes nothing).
+PUBLISH = (
+    LIVE_TAILS
+    + """
+local n = (#KEYS - 4) / 3
 for i = 1, n do
-  local k, a = 3 + 3 * (i - 1), 1 + 7 * (i - 1)
+  local k, a = 4 + 3 * (i - 1), 3 + 10 * (i - 1)
   if redis.call('SET', KEYS[k + 1], ARGV[a + 1], 'NX', 'EX', ARGV[a + 2]) then
-    redis.call('ZADD', KEYS[1], tonumber(ARGV[a + 6]) - tonumber(ARGV[a + 5]) * 1e-6, ARGV[a + 3])
-    redis.call('SET', KEYS[k + 2], '1', 'EX', ARGV[1])
-    redis.call('SADD', KEYS[k + 3], ARGV[a + 7])
-    redis.call('EXPIRE', KEYS[k + 3], ARGV[a + 2], 'GT')
-    redis.call('EXPIRE', KEYS[k + 3], ARGV[a + 2], 'NX')
+    local used = tonumber(ARGV[a + 6])
+    local is_tail = tonumber(ARGV[a + 8]) > 0
+    local age = is_tail and tonumber(ARGV[3]) or 0
+    redis.call('ZADD', KEYS[1], used - age - tonumber(ARGV[a + 5]) * 1e-6, ARGV[a + 3])
+    if is_tail then
+      local tails = live_tails(KEYS[4], ARGV[a + 10], used, ARGV[a + 7])
+      tails[#tails + 1] = {ARGV[a + 7], tonumber(ARGV[a + 8]), ARGV[a + 9], used + tonumber(ARGV[a + 2])}
+      table.sort(tails, function(x, y) return tonumber(x[4]) > tonumber(y[4]) end)
+      while #tails > tonumber(ARGV[2]) do table.remove(tails) end
+      redis.call('HSET', KEYS[4], ARGV[a + 10], cjson.encode(tails))
+    else
+      redis.call('SET', KEYS[k + 2], '1', 'EX', ARGV[1])
+      redis.call('SADD', KEYS[k + 3], ARGV[a + 7])
+      redis.call('EXPIRE', KEYS[k + 3], ARGV[a + 2], 'GT')
+      redis.call('EXPIRE', KEYS[k + 3], ARGV[a + 2], 'NX')
+    end
     if redis.call('HSETNX', KEYS[2], ARGV[a + 3], ARGV[a + 4]) == 1 then
       redis.call('INCRBY', KEYS[3], ARGV[a + 4])
     end
@@ -68,6 +145,22 @@ for i = 1, n do
 end
 return tonumber(redis.call('GET', KEYS[3]) or '0')
 """
+)
+
+
+# PRUNE: drop expired tails from the listings of some tips.
+#   KEYS[1] tails hash   ARGV[1] now (Unix seconds)   ARGV[1 + i] tip i's field
+PRUNE = (
+    LIVE_TAILS
+    + """
+for i = 2, #ARGV do live_tails(KEYS[1], ARGV[i], tonumber(ARGV[1]), nil) end
+"""
+)
+
+
+def tails_field(tip: BlockHash | None) -> str:
+    """The field of the tails hash listing the tails after ``tip`` (None: the root)."""
+    return tip.hex() if tip is not None else "root"
 
 
 def publish_arguments(
@@ -75,13 +168,14 @@ def publish_arguments(
 ) -> tuple[list[str], list[str | int | float]]:
     """``(KEYS, ARGV)`` of one PUBLISH call for ``blocks``, as its legend lays them out."""
     ns = namespace.hex()
-    out_keys = keys.accounts(ns)
-    args: list[str | int | float] = [seen_ttl_s]
+    out_keys = [*keys.accounts(ns), keys.of(ns, "tails")]
+    args: list[str | int | float] = [seen_ttl_s, TAILS_PER_TIP, TAIL_AGE_S]
     for b in blocks:
         out_keys += [keys.block(namespace, b.block_hash), keys.seen(namespace, b.block_hash)]
         out_keys.append(keys.children(namespace, b.parent))
         member, entry = member_name(namespace, b.block_hash), b.entry
         args += [entry.to_json(), b.ttl_s, member, entry.size, b.position, b.used_at, b.block_hash.hex()]
+        args += [entry.tail, b.short_hash.hex() if b.short_hash else "", tails_field(b.parent)]
     return out_keys, args
 
 
@@ -100,29 +194,42 @@ end
 
 # FORGET: remove members from one namespace's index: those given as evicted (still at the LRU
 # score the caller read: not used since), or whose entry is gone (reclaim), or all (force).
-#   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[3 + i] member i's entry key
+#   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[4] tails hash
+#   KEYS[4 + i] member i's entry key
 #   ARGV[1] mode: 'evict', 'reclaim' or 'force'   ARGV[2] bytes to free at most (evict; else 0)
 #   ARGV[2 + 2i - 1] member i's name   ARGV[2 + 2i] its LRU score as read (evict; else ignored)
-# Returns the members removed (their blobs are the caller's to delete).
-FORGET = """
+# Returns the members removed (their blobs are the caller's to delete); a tail's listing goes
+# with its entry (one whose entry expired is past its listed expiry already).
+FORGET = (
+    LIVE_TAILS
+    + """
 local mode = ARGV[1]
 local budget = tonumber(ARGV[2])
 local freed = 0
 local removed = {}
-for i = 1, #KEYS - 3 do
+local now = tonumber(redis.call('TIME')[1])
+for i = 1, #KEYS - 4 do
   local member = ARGV[1 + 2 * i]
   local take
   if mode == 'force' then
     take = true
   elseif mode == 'reclaim' then
-    take = redis.call('EXISTS', KEYS[3 + i]) == 0
+    take = redis.call('EXISTS', KEYS[4 + i]) == 0
   else
     if freed >= budget then break end
     local score = redis.call('ZSCORE', KEYS[1], member)
     take = score ~= false and tonumber(score) <= tonumber(ARGV[2 + 2 * i])
   end
   if take then
-    redis.call('DEL', KEYS[3 + i])
+    local entry = redis.call('GET', KEYS[4 + i])
+    if entry then
+      local doc = cjson.decode(entry)
+      if doc['tail'] then
+        local tip = doc['parent'] == '' and 'root' or doc['parent']
+        live_tails(KEYS[4], tip, now, string.sub(member, -32))
+      end
+    end
+    redis.call('DEL', KEYS[4 + i])
     redis.call('ZREM', KEYS[1], member)
     local size = redis.call('HGET', KEYS[2], member)
     if size then
@@ -135,3 +242,4 @@ for i = 1, #KEYS - 3 do
 end
 return removed
 """
+)

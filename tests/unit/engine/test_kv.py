@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv import BufferPool, blocks_from_past, past_from_blocks
+from engine.buffers import BufferPool
+from engine.kv import blocks_from_past, past_from_blocks
 from hashing import BLOCK_SIZE, BlockHash, block_hashes, block_tokens
 from store.interface import KVBlock
 from tests.helpers import NS, SPEC, kv

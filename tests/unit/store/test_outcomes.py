@@ -40,3 +40,19 @@ def test_first_miss(n, blocks, reason, expected) -> None:
 def test_reasons_read_as_their_values() -> None:
     """The enum is what JSON, headers and metric labels carry, unchanged."""
     assert f"{MissReason.TIMED_OUT}" == "read timed out" and MissReason.EXPIRED == "expired or evicted"
+
+
+@pytest.mark.parametrize(
+    ("n", "blocks", "cached", "kind", "first"),
+    [
+        (100, 0, 99, "hit", (None, None)),  # a tail at the root served all but the last token
+        (100, 0, 40, "partial", (0, MissReason.BELOW_ONE_BLOCK)),
+        (300, 2, 299, "hit", (None, None)),  # blocks, then a tail
+        (300, 2, 256, "hit", (2, MissReason.PARTIAL_LAST_BLOCK)),  # no tail continued them
+        (300, 1, 200, "partial", (1, MissReason.NEVER_SEEN)),  # a tail after block 0
+        (300, 0, 0, "miss", (0, MissReason.NEVER_SEEN)),
+    ],
+)
+def test_tails_count_in_the_kind_and_the_first_miss(n, blocks, cached, kind, first) -> None:
+    assert cache_kind(n, blocks, cached) == kind
+    assert first_miss(n, blocks, None, cached) == first

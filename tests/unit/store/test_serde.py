@@ -7,9 +7,9 @@ import pickle
 import pytest
 import torch
 
-from hashing import BLOCK_SIZE, NamespaceIdentity, block_hashes
+from hashing import BLOCK_SIZE, NamespaceIdentity, block_hashes, tail_hash
 from store.interface import KVBlock, KVSpec
-from store.serde import BlockVerificationError, decode_block, encode_block
+from store.serde import BlockVerificationError, decode_block, decode_tail, encode_block
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
 NS = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
@@ -81,3 +81,67 @@ def test_any_mismatch_fails_verification(overrides: dict[str, object]) -> None:
 def test_damaged_data_fails_verification(damage) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BlockVerificationError):
         decode(damage(encode_block(block(), NS, HASHES[0], SPEC)))
+
+
+def tail(length: int = 40) -> tuple[KVBlock, bytes]:
+    ids = tuple(range(1000, 1000 + length))
+    layers, heads, _, dim = SPEC.block_shape
+    torch.manual_seed(length)
+    key, value = torch.randn(layers, heads, length, dim), torch.randn(layers, heads, length, dim)
+    stored = KVBlock(2, tail_hash(HASHES[1], ids), ids, key, value)
+    return stored, encode_block(stored, NS, HASHES[1], SPEC)
+
+
+def decode_tail_of(data: bytes, **overrides: object) -> KVBlock:
+    stored, _ = tail()
+    expected: dict[str, object] = {
+        "index": 2,
+        "tail": stored.block_hash,
+        "tip": HASHES[1],
+        "namespace": NS,
+        "length": 40,
+        "token_ids": stored.token_ids,
+        "spec": SPEC,
+    }
+    expected.update(overrides)
+    return decode_tail(data, **expected)  # type: ignore[arg-type]
+
+
+def test_a_tail_round_trips_and_serves_all_but_its_last_token() -> None:
+    stored, data = tail()
+    back = decode_tail_of(data)
+    assert back.token_ids == stored.token_ids and torch.equal(back.key, stored.key)
+    assert decode_tail_of(data, token_ids=stored.token_ids[:-1]).token_ids == stored.token_ids
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"tip": HASHES[0]},
+        {"index": 3},
+        {"length": 39},
+        {"namespace": NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="u").digest()},
+        {"token_ids": tuple(range(1001, 1040))},
+    ],
+    ids=["tip", "index", "length", "namespace", "tokens"],
+)
+def test_a_tail_that_is_not_the_one_asked_for_fails(override: dict[str, object]) -> None:
+    _, data = tail()
+    with pytest.raises(BlockVerificationError):
+        decode_tail_of(data, **override)
+
+
+def test_a_tail_and_a_block_never_pass_for_each_other() -> None:
+    _, data = tail()
+    with pytest.raises(BlockVerificationError):
+        decode(data)
+    with pytest.raises(BlockVerificationError):
+        decode_tail_of(encode_block(block(), NS, HASHES[0], SPEC), tail=HASHES[1], tip=HASHES[0], index=1)
+
+
+def test_a_flipped_bit_in_a_tail_fails_its_checksum() -> None:
+    _, data = tail()
+    damaged = bytearray(data)
+    damaged[-3] ^= 0x01
+    with pytest.raises(BlockVerificationError, match="checksum"):
+        decode_tail_of(bytes(damaged))

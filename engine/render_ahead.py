@@ -1,0 +1,85 @@
+"""Render-ahead: the start of a conversation's next turn, computed and stored in idle time.
+
+When a chat turn ends, its next request will carry the history as the chat template renders it
+again: the answer as text, the end-of-turn marker, the next turn's opening, and for templates
+that drop reasoning from earlier turns, the answer without it. The server renders that start
+(``proxy.serving.ahead``) and hands it here; with nothing else to compute, the model thread
+computes what of it is not cached yet and stores it (blocks, then a tail), so the next turn
+computes only its new message. Never before a request: jobs run only in idle steps
+(``engine.scheduler``), one per step, and a job whose uncached part is longer than
+``MAX_TOKENS`` (not the start of a next turn, or its history was never cached) is skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from engine.model.loading import LoadedModel
+from engine.prefix_stage import PrefixLoader
+from engine.requests import GenerationRequest, RequestHandle
+from engine.runner import Runner
+from engine.sampling import Sampler
+from engine.scheduler import Step
+from engine.sequence import Sequence, State
+from engine.text import TextStream
+
+MAX_PENDING = 32
+"""Next-turn starts waiting for idle time; beyond that the oldest is dropped."""
+MAX_TOKENS = 256
+"""The most uncached tokens one job computes (one idle step: a request arriving meanwhile waits
+for it, a fraction of a second)."""
+
+
+class RenderAhead:
+    """Pending next-turn starts and their computation (see the module docstring)."""
+
+    def __init__(self, loaded: LoadedModel, loader: PrefixLoader, runner: Runner) -> None:
+        self.loaded, self.loader, self.runner = loaded, loader, runner
+        self._jobs: deque[GenerationRequest] = deque(maxlen=MAX_PENDING)
+        self._lock = threading.Lock()
+        self.submitted = self.computed = self.skipped = 0
+        """Starts submitted; computed and stored; skipped (too long uncached, or dropped when
+        more than ``MAX_PENDING`` waited)."""
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue the start of a next turn (``request.prewarm`` set); thread-safe."""
+        assert request.prewarm, request
+        with self._lock:
+            self.submitted += 1
+            self.skipped += len(self._jobs) == MAX_PENDING
+            self._jobs.append(request)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def step(self) -> None:
+        """Compute and store one pending start (on the model thread, in an idle step)."""
+        with self._lock:
+            if not self._jobs:
+                return
+            request = self._jobs.popleft()
+        seq = Sequence(
+            request,
+            RequestHandle(lambda _event: None),
+            Sampler(request.sampling, self.loaded.device),
+            TextStream(self.loaded.tokenizer, ()),
+        )
+        seq.admit()
+        self.loader.load_now(seq)
+        skip = seq.error is None and seq.n - seq.cached_tokens > MAX_TOKENS
+        if skip:
+            seq.handle.cancel()  # NOTE: the runner then gives its buffers back
+        while seq.state is State.PREFILLING:
+            self.runner.run(Step(seq, []))
+        with self._lock:
+            self.skipped += skip
+            self.computed += not skip
+
+    @property
+    def settled(self) -> bool:
+        """Every submitted start is computed or skipped."""
+        with self._lock:
+            return self.computed + self.skipped == self.submitted

@@ -1,0 +1,48 @@
+"""What a sequence hands to the cache: its new full blocks and a tail, copied out of its past.
+
+Called on the model thread as a sequence's prompt is computed (its blocks and tail, and a tail at
+each of its ``boundaries``) and once it ends (the blocks and tail its completion completed); the
+copies are fresh host tensors, and the cache stores them in the background (``PrefixCache.save``,
+``PrefixCache.save_tail``).
+"""
+
+from __future__ import annotations
+
+from engine.kv import blocks_from_past, tail_from_past
+from engine.model.loading import LoadedModel
+from engine.sequence import Sequence
+from hashing import BLOCK_SIZE, num_full_blocks
+from store.interface import PrefixCache
+
+
+class Storer:
+    """Hands sequences' K/V to ``cache`` (None: ``--no-cache``, nothing is stored)."""
+
+    def __init__(self, loaded: LoadedModel, cache: PrefixCache | None) -> None:
+        self.loaded, self.cache = loaded, cache
+
+    def store(self, seq: Sequence, token_ids: tuple[int, ...], first_block: int, end: int) -> None:
+        """Blocks ``[first_block, end // 128)`` of ``token_ids`` (fed, so in the past), then the
+        tail up to position ``end``."""
+        self.blocks(seq, token_ids, first_block, num_full_blocks(end))
+        self.tail(seq, token_ids, end)
+
+    def tail(self, seq: Sequence, token_ids: tuple[int, ...], end: int) -> None:
+        """The tail of ``token_ids[:end]`` (``hashing.tails``), if it has one."""
+        start = num_full_blocks(end) * BLOCK_SIZE
+        if self.cache is None or end == start:
+            return
+        assert seq.past is not None
+        key, value = tail_from_past(seq.past, start, end)
+        namespace = self.loaded.namespace(seq.request.tenant)
+        self.cache.save_tail(namespace, token_ids[:end], key, value, seq.request.cache_ttl_s)
+
+    def blocks(self, seq: Sequence, token_ids: tuple[int, ...], first_block: int, end_block: int) -> None:
+        """Blocks ``[first_block, end_block)`` of ``token_ids``."""
+        if self.cache is None or end_block <= first_block:
+            return
+        assert seq.past is not None
+        key, value = blocks_from_past(seq.past, first_block, end_block)
+        namespace = self.loaded.namespace(seq.request.tenant)
+        ids = token_ids[: end_block * BLOCK_SIZE]
+        self.cache.save(namespace, ids, first_block, key, value, seq.request.cache_ttl_s)

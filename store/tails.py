@@ -1,0 +1,155 @@
+"""The tail of a lookup: after a prompt's cached blocks, the longest tail (``hashing.tails``) that
+continues it, to the token.
+
+Candidates are the tails this process is still saving after the blocks' tip, and those the index
+listed there in the lookup's one round trip (``store.index.base.Matched.tails``). A tail of L
+tokens serves all L or its first L - 1 (a repeated prompt reuses all but its last token), never
+more than the prompt's last token but one. A listed tail is taken from the RAM tier or read and
+verified like a block (``store.serde.decode_tail``); one that does not verify is dropped and the
+prompt goes on without it. The served tail's TTL and LRU position are refreshed in the background.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
+from time import monotonic
+from typing import Any
+
+from hashing import BLOCK_SIZE, BlockHash, Namespace, tail_hash
+from store.index.base import TailListing
+from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
+from store.outcomes import MissReason
+from store.parts import StoreParts
+from store.serde import BlockVerificationError, decode_tail
+from store.writer import BlockWriter
+
+log = logging.getLogger(__name__)
+
+
+class TailFinder:
+    """Extends a lookup's blocks with a tail (see the module docstring).
+
+    Args:
+        parts, writer, spec: the cache's parts, its writer (pending tails, background jobs) and
+            the K/V shape every tail must have.
+        read: submits a blob read, returning a future (the lookup's reader threads).
+        discard: removes a tail that must not be served (RAM copy, index entry, blob).
+        ttl_s: the default TTL (seconds) a hit refreshes a tail to.
+    """
+
+    def __init__(
+        self,
+        parts: StoreParts,
+        writer: BlockWriter,
+        spec: KVSpec,
+        read: Callable[[Callable[[], bytes]], Any],
+        discard: Callable[[Namespace, Sequence[BlockHash]], None],
+        ttl_s: int,
+    ) -> None:
+        self.parts, self.writer, self.spec, self.read, self.discard = parts, writer, spec, read, discard
+        self.ttl_s = ttl_s
+
+    def extend(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        hashes: list[BlockHash],
+        match: PrefixMatch,
+        listed: list[TailListing],
+        ttl_s: TtlPlan,
+        deadline: float,
+    ) -> PrefixMatch:
+        """``match`` with the longest tail that continues ``token_ids`` after its blocks
+        (``hashes`` the prompt's block hashes, ``listed`` the tails the index listed after them),
+        its blob read by ``deadline`` (``time.monotonic``: the lookup's bound)."""
+        k = match.num_blocks
+        start = k * BLOCK_SIZE
+        room = min(BLOCK_SIZE - 1, len(token_ids) - 1 - start)
+        if room <= 0 or match.miss_reason in (MissReason.TIMED_OUT, MissReason.UNAVAILABLE):
+            return match
+        tip = hashes[k - 1] if k else None
+        rest = tuple(token_ids[start : start + room])
+        names: dict[int, BlockHash] = {}
+
+        def named(length: int) -> BlockHash:
+            if length not in names:
+                names[length] = tail_hash(tip or namespace, rest[:length])
+            return names[length]
+
+        def listed_continues(listing: TailListing) -> Callable[[int], bool]:
+            return lambda n: named(n) == (listing.tail_hash if n == listing.length else listing.short_hash)
+
+        def pending_continues(tail: KVBlock) -> Callable[[int], bool]:
+            return lambda n: tail.token_ids[:n] == rest[:n]
+
+        candidates: list[tuple[int, KVBlock | TailListing]] = [
+            (usable(len(t.token_ids), room, pending_continues(t)), t)
+            for t in self.writer.pending.tails(namespace, tip)
+        ]
+        candidates += [(usable(t.length, room, listed_continues(t)), t) for t in listed]
+        use, found = max(candidates, key=lambda c: c[0], default=(0, None))
+        if not use or found is None:
+            return match
+        if isinstance(found, KVBlock):
+            return match._replace(tail=found, tail_tokens=use)
+        tail = self._read(namespace, tip, k, found, rest[:use], deadline)
+        if tail is None:
+            return match
+        ttl = block_ttls(ttl_s, k + 1, self.ttl_s)[k]
+        touch = partial(self.parts.index.touch, namespace, tip, found.tail_hash, ttl, k)
+        self.writer.enqueue(partial(self.parts.guard.redis, "touch", touch, scope=namespace.hex()))
+        return match._replace(tail=tail, tail_tokens=use)
+
+    def _read(
+        self,
+        namespace: Namespace,
+        tip: BlockHash | None,
+        index: int,
+        listing: TailListing,
+        ids: tuple[int, ...],
+        deadline: float,
+    ) -> KVBlock | None:
+        """The listed tail whose first ``len(ids)`` tokens are ``ids``, from RAM or read (by
+        ``deadline``) and verified (a bad one is dropped); None when it cannot be served."""
+        block = self.parts.ram.get(namespace, listing.tail_hash)
+        if (
+            block is not None
+            and len(block.token_ids) == listing.length
+            and block.token_ids[: len(ids)] == ids
+        ):
+            return block
+        future = self.read(partial(self.parts.blobs.read, namespace, listing.tail_hash))
+        try:
+            block = decode_tail(
+                future.result(timeout=max(0.0, deadline - monotonic())),
+                index=index,
+                tail=listing.tail_hash,
+                tip=tip,
+                namespace=namespace,
+                length=listing.length,
+                token_ids=ids,
+                spec=self.spec,
+            )
+        except FutureTimeout:
+            future.cancel()
+            self.parts.recorder.add(read_timeouts=1)
+            return None
+        except (OSError, BlockVerificationError) as exc:
+            log.warning("cache tail %s dropped: %s", listing.tail_hash.hex(), exc)
+            self.parts.recorder.add(verification_failures=1)
+            self.discard(namespace, [listing.tail_hash])
+            return None
+        self.parts.ram.put(namespace, block)
+        return block
+
+
+def usable(length: int, room: int, continues: Callable[[int], bool]) -> int:
+    """Tokens a tail of ``length`` tokens serves, at most ``room``: all of them, else all but the
+    last, whichever ``continues(n)`` (its first n tokens continue the prompt) holds for; else 0."""
+    for n in (length, length - 1):
+        if 0 < n <= room and continues(n):
+            return n
+    return 0

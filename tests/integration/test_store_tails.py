@@ -1,0 +1,153 @@
+"""Tails in the store, on real Redis (its Lua scripts) and on the in-memory double alike: a tail
+comes back verified, serves all or all but its last token, is listed only while its entry lives,
+slides its TTL on a hit, goes before its chain's blocks under the budget, and leaves with its
+entry however the entry goes (eviction, a failed verification, clear). No model."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hashing import BLOCK_SIZE, block_hashes, tail_hash
+from store.blobs.file import FileBlobStore
+from store.cache import BlockCache
+from store.index.base import TAILS_PER_TIP
+from store.index.memory.index import MemoryIndex
+from store.index.redis.index import RedisIndex
+from store.parts import CacheOptions
+from tests.helpers import NS, SPEC, kv
+
+IDS = list(range(2 * BLOCK_SIZE + 40))  # two full blocks, then a 40-token tail
+
+
+def tail_kv(length: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (SPEC.num_layers, SPEC.num_kv_heads, length, SPEC.head_dim)
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make(request, redis_client, key_prefix, tmp_path):
+    def build(**options) -> BlockCache:
+        index = MemoryIndex() if request.param == "memory" else RedisIndex(redis_client, key_prefix)
+        return BlockCache(index, FileBlobStore(tmp_path), SPEC, CacheOptions(ttl_s=600, **options))
+
+    return build
+
+
+def stored(cache: BlockCache, ids=IDS) -> tuple[torch.Tensor, torch.Tensor]:
+    blocks = len(ids) // BLOCK_SIZE
+    if blocks:
+        cache.save(NS, ids, 0, *kv(blocks))
+    key, value = tail_kv(len(ids) % BLOCK_SIZE)
+    cache.save_tail(NS, ids, key, value)
+    assert cache.flush(10)
+    return key, value
+
+
+def test_a_tail_comes_back_verified_after_its_blocks(make) -> None:
+    cache = make(ram_bytes=0)
+    key, value = stored(cache)
+    match = cache.lookup(NS, [*IDS, 1, 2, 3])
+    assert (match.num_blocks, match.tail_tokens, match.num_tokens) == (2, 40, len(IDS))
+    assert torch.equal(match.tail.key, key) and torch.equal(match.tail.value, value)
+    stats = cache.admin.stats()
+    assert (stats.tails_saved, stats.tails_hit, stats.tail_tokens_hit) == (1, 1, 40)
+
+
+def test_a_repeated_prompt_is_served_all_but_its_last_token(make) -> None:
+    cache = make()
+    stored(cache)
+    match = cache.lookup(NS, IDS)
+    assert (match.num_blocks, match.tail_tokens) == (2, 39)
+
+
+def test_a_prompt_that_leaves_the_tail_early_gets_no_tail(make) -> None:
+    cache = make()
+    stored(cache)
+    other = IDS[: 2 * BLOCK_SIZE + 10] + [999] * 40
+    match = cache.lookup(NS, other)
+    assert (match.num_blocks, match.tail) == (2, None)
+
+
+def test_a_tail_at_the_root_serves_a_prompt_under_one_block(make) -> None:
+    cache = make()
+    stored(cache, IDS[:50])
+    assert cache.lookup(NS, IDS[:50]).tail_tokens == 49
+    assert cache.lookup(NS, IDS[:80]).tail_tokens == 50
+
+
+def test_the_budget_evicts_tails_before_any_block_and_unlists_them(make) -> None:
+    """The tail was stored after its blocks, and another chain's blocks after it: still the tail
+    goes first."""
+    cache = make()
+    stored(cache)
+    cache.save(NS, [5] * BLOCK_SIZE, 0, *kv(1))
+    assert cache.flush(10)
+    index = cache.parts.index
+    index.evict(index.total_bytes() - 1)
+    assert index.num_blocks() == 3  # the tail went first, the blocks stay
+    cache.parts.ram.clear()
+    match = cache.lookup(NS, [*IDS, 1])
+    assert (match.num_blocks, match.tail) == (2, None)
+    assert index.match(NS, block_hashes(IDS, NS), [600, 600]).tails == []
+
+
+def test_a_bad_tail_is_dropped_and_unlisted(make, tmp_path) -> None:
+    cache = make(ram_bytes=0)
+    stored(cache)
+    tip = cache.lookup(NS, IDS[: 2 * BLOCK_SIZE]).blocks[-1].block_hash
+    name = tail_hash(tip, IDS[2 * BLOCK_SIZE :])
+    path = cache.parts.blobs.path(NS, name)
+    path.write_bytes(path.read_bytes()[:-8] + b"\0" * 8)
+    match = cache.lookup(NS, [*IDS, 1])
+    assert (match.num_blocks, match.tail) == (2, None)
+    assert cache.parts.index.missing(NS, [name]) == [True]
+    assert cache.admin.stats().verification_failures == 1
+
+
+def test_clear_removes_tails_with_their_listing(make) -> None:
+    cache = make()
+    stored(cache)
+    assert cache.admin.clear() == 3
+    assert cache.lookup(NS, [*IDS, 1]).num_tokens == 0
+
+
+def test_at_most_a_bounded_number_of_tails_are_listed_after_one_tip(make) -> None:
+    cache = make()
+    for i in range(TAILS_PER_TIP + 4):
+        stored(cache, [1000 + i] * 5)
+    tails = cache.parts.index.match(NS, [], []).tails
+    assert len(tails) == TAILS_PER_TIP
+
+
+def test_a_hit_slides_the_tail_ttl(make) -> None:
+    cache = make()
+    key, value = tail_kv(30)
+    cache.save_tail(NS, IDS[:30], key, value, ttl_s=2)
+    assert cache.flush(10)
+    for _ in range(3):
+        time.sleep(0.8)
+        assert cache.lookup(NS, IDS[:31], ttl_s=2).tail_tokens == 30
+        assert cache.flush(10)  # the touch runs in the background
+    time.sleep(2.2)
+    cache.parts.ram.clear()
+    assert cache.lookup(NS, IDS[:31]).tail is None
+
+
+def test_the_collector_prunes_expired_listings_no_lookup_reads(make) -> None:
+    """A tail expires; its listing goes with the collector's pass, though no lookup reads its tip."""
+    cache = make()
+    key, value = tail_kv(30)
+    cache.save_tail(NS, IDS[:30], key, value, ttl_s=1)
+    assert cache.flush(10)
+    time.sleep(1.2)
+    index = cache.parts.index
+    cache.admin.gc(grace_s=0)
+    if isinstance(index, RedisIndex):
+        assert not index.client.exists(index.keys.of(NS.hex(), "tails"))
+    else:
+        assert index.tails == {}
+    assert index.num_blocks() == 0

@@ -1,0 +1,128 @@
+"""Tails (``hashing.tails``): reuse to the token, with every cache promise blocks keep.
+
+Tiny random Llama, float32, real Redis and blob store. A tail of every length 1-127, after 0, 1
+and 2 blocks, serves exactly its tokens (logits within 1e-4 of a cold prefill, same greedy
+tokens); a repeated prompt of any length reuses all but its last token; a tail never crosses a
+namespace; a damaged tail is a miss and is dropped.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.requests import GenerationRequest, PrefillDone
+from engine.worker import Engine
+from hashing import BLOCK_SIZE
+from tests.helpers import GREEDY, engine_events, prefill_prompt, random_tokens
+from tests.helpers import run_engine as run
+
+
+@pytest.fixture
+def engines(tiny_model, make_cache):
+    cached, cold = Engine(tiny_model, make_cache(tiny_model)), Engine(tiny_model, None)
+    yield cached, cold
+    cached.close()
+    cold.close()
+
+
+def flushed(engine: Engine) -> None:
+    assert engine.cache is not None and engine.cache.flush(30)
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 2])
+def test_every_tail_length_serves_exactly_its_tokens(engines, blocks) -> None:
+    """A prompt ending 1-127 tokens after ``blocks`` blocks stores its tail; a longer prompt that
+    continues it reuses every one of those tokens, with the cold prompt's logits."""
+    cached, cold = engines
+    for length in range(1, BLOCK_SIZE):
+        prompt = tuple(random_tokens(blocks * BLOCK_SIZE + length + 3, seed=1000 * blocks + length))
+        stored = prompt[: blocks * BLOCK_SIZE + length]
+        run(cached, stored, max_tokens=1)
+        flushed(cached)
+        warm_logits, reused, fed = prefill_prompt(cached, prompt)
+        cold_logits, _, _ = prefill_prompt(cold, prompt)
+        assert (reused, fed) == (len(stored), len(prompt)), length
+        assert torch.allclose(warm_logits, cold_logits, atol=1e-4, rtol=0), length
+
+
+def test_a_tail_serves_all_but_its_last_token(engines) -> None:
+    """A repeated prompt ends where its stored tail ends: it reuses all of it but the last token,
+    and answers as the cold engine does."""
+    cached, cold = engines
+    for n in (2, 3, 64, 127, 129, 200, 255):
+        prompt = tuple(random_tokens(n, seed=n))
+        first = run(cached, prompt)
+        flushed(cached)
+        again = run(cached, prompt)
+        assert first[1] <= again[1] == n - 1, n
+        assert again[0] == run(cold, prompt)[0], n
+
+
+def test_a_completion_tail_serves_the_next_turn(engines) -> None:
+    """Prompt + completion is stored to its last token (fed once the answer is out): the next
+    turn, which continues it, reuses all of it."""
+    cached, cold = engines
+    prompt = tuple(random_tokens(250))
+    completion, _, _ = run(cached, prompt, max_tokens=20)
+    assert len(completion) == 20  # the scaled tiny model never emits EOS this early
+    flushed(cached)
+    next_turn = prompt + tuple(completion) + tuple(random_tokens(40, seed=1))
+    answer, cached_tokens, _ = run(cached, next_turn)
+    assert cached_tokens == len(prompt) + len(completion)  # its last token fed once it was out
+    assert answer == run(cold, next_turn)[0]
+
+
+def test_a_boundary_tail_serves_another_prompt_sharing_it(engines) -> None:
+    """A tail stored at a boundary inside the prompt (where a system prompt ends) serves a prompt
+    that shares the prompt up to there and goes on differently."""
+    cached, _ = engines
+    shared = tuple(random_tokens(170, seed=7))
+    first = shared + tuple(random_tokens(30, seed=8))
+    engine_events(cached, GenerationRequest(first, 1, GREEDY, boundaries=(len(shared),)))
+    flushed(cached)
+    other = shared + tuple(random_tokens(30, seed=9))
+    _, reused, _ = prefill_prompt(cached, other)
+    assert reused == len(shared)
+
+
+def test_a_tail_never_crosses_a_namespace(tiny_model, make_cache) -> None:
+    """Another tenant (another namespace) never sees a tail: the same prompt is a miss for it."""
+    engine = Engine(tiny_model, make_cache(tiny_model))
+    try:
+        prompt = tuple(random_tokens(90, seed=3))
+        run(engine, prompt)
+        flushed(engine)
+        events = engine_events(engine, GenerationRequest(prompt, 1, GREEDY, tenant="other"))
+        done = next(e for e in events if isinstance(e, PrefillDone))
+        assert done.cached_tokens == 0
+        assert run(engine, prompt)[1] == len(prompt) - 1
+    finally:
+        engine.close()
+
+
+def test_a_damaged_tail_is_a_miss_and_is_dropped(engines) -> None:
+    """A tail's blob with a flipped byte fails its checksum: the prompt is computed without it,
+    answers as the cold engine does, and the tail leaves the index. (The prompt left two tails,
+    both able to serve it: its own, and its answer's, which holds its one token as well.)"""
+    cached, cold = engines
+    prompt = tuple(random_tokens(100, seed=5))
+    run(cached, prompt, max_tokens=1)
+    flushed(cached)
+    cache = cached.cache
+    cache.parts.ram.clear()
+    blobs = list(cache.parts.blobs.scan(None))
+    assert len(blobs) == 2
+    for blob in blobs:
+        path = cache.parts.blobs.root / blob.name
+        data = bytearray(path.read_bytes())
+        data[-10] ^= 0xFF
+        path.write_bytes(bytes(data))
+    for seed in (6, 7):
+        longer = prompt + tuple(random_tokens(5, seed=seed))
+        answer, reused, _ = run(cached, longer, max_tokens=1)
+        assert reused == 0
+        assert answer == run(cold, longer, max_tokens=1)[0]
+    assert cache.admin.stats().verification_failures == 2
+    namespace = cached.loaded.namespace("default")
+    assert cache.parts.index.missing(namespace, [b.block_hash for b in blobs]) == [True, True]
