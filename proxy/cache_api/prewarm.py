@@ -46,13 +46,14 @@ async def prewarm(
     before = await run_in_threadpool(cache.indexed_tokens, namespace, ids)
     if before is None:
         raise OpenAIError.cache_unavailable(": nothing was cached")
-    request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl, prewarm=True)
-    async for event in submit(engine, request):
-        if isinstance(event, Failed):
-            raise event.error
-        if isinstance(event, Finished) and event.finish_reason == "cancelled":
-            raise OpenAIError(503, "the prewarm was cancelled", type="server_error")
-    await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
+    if ids:  # NOTE: an empty prompt has nothing to store
+        request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl, prewarm=True)
+        async for event in submit(engine, request):
+            if isinstance(event, Failed):
+                raise event.error
+            if isinstance(event, Finished) and event.finish_reason == "cancelled":
+                raise OpenAIError(503, "the prewarm was cancelled", type="server_error")
+        await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
     after = await run_in_threadpool(cache.indexed_tokens, namespace, ids)
     if after is None:
         raise OpenAIError.cache_unavailable(": nothing was cached")

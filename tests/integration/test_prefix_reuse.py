@@ -66,8 +66,8 @@ def test_an_exact_repeat_prefills_one_token(cached, cold, n, stream) -> None:
 
     assert repeat.cached_tokens == n - 1
     assert after["prefill_tokens"] - before["prefill_tokens"] == 1
-    # every generated token but the last is fed exactly once (the last is never fed)
-    assert after["decode_tokens"] - before["decode_tokens"] == len(repeat.token_ids) - 1
+    # every generated token is fed exactly once (the last as the answer ends: the next turn holds it)
+    assert after["decode_tokens"] - before["decode_tokens"] == len(repeat.token_ids)
     assert repeat.token_ids and repeat.key == reference.key
     assert cached.complete(random_tokens(40, seed=1)).status == 200  # still serving
 

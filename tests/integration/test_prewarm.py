@@ -84,6 +84,11 @@ def test_prompt_as_text_or_ids_and_a_partial_prefix(settings, tiny_model, serve)
         text = post(server, {"prompt": "short"}).json()
         assert (text["stored_blocks"], text["cached_blocks"], text["uncached_tokens"]) == (0, 0, 0)
         assert text["stored_tokens"] == text["tail_tokens"] == text["prompt_tokens"]
+        empty = post(server, {"prompt": []})
+        assert empty.status_code == 200 and (
+            empty.json()["prompt_tokens"],
+            empty.json()["stored_tokens"],
+        ) == (0, 0)
     with serve(settings.model_copy(update={"no_tails": True}), tiny_model) as server:
         blocks_only = post(server, {"prompt": random_tokens(300, seed=33)}).json()
         assert (blocks_only["stored_tokens"], blocks_only["tail_tokens"], blocks_only["uncached_tokens"]) == (
