@@ -31,7 +31,7 @@ from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import CacheOptions, StoreParts
 from store.serde import BlockVerificationError, decode_block
-from store.tails import TailFinder
+from store.tails import TailFinder, candidate_tails
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,10 @@ class PrefixLookup:
         limit = len(token_ids) if max_blocks is None else max_blocks * BLOCK_SIZE
         hashes = block_hashes(token_ids[:limit], namespace)
         deadline = monotonic() + self.read_timeout_s
-        match, listed = self._match(namespace, token_ids, hashes, ttl_s, deadline)
-        if max_blocks is None and self.tails:
+        with_tail = max_blocks is None and self.tails
+        candidates = candidate_tails(namespace, token_ids, hashes) if with_tail else []
+        match, listed = self._match(namespace, token_ids, hashes, ttl_s, deadline, candidates)
+        if with_tail:
             match = self._tails.extend(namespace, token_ids, hashes, match, listed, ttl_s, deadline)
         if not count:
             return match
@@ -141,17 +143,21 @@ class PrefixLookup:
         hashes: list[BlockHash],
         ttl_s: TtlPlan,
         deadline: float,
+        candidates: list[BlockHash],
     ) -> tuple[PrefixMatch, list[TailListing]]:
         """The verified leading blocks, their blobs read by ``deadline`` (``time.monotonic``), and
-        the tails the index lists after them (none when the blocks served are not the ones the
-        index listed)."""
+        the tails the index lists after them, with the longest of ``candidates`` (``candidate_tails``)
+        it has when it has every block (none when the blocks served are not the ones it holds)."""
         ttls = block_ttls(ttl_s, len(hashes), self.ttl_s)
         found = self.parts.guard.redis(
-            "match", self.parts.index.match, namespace, hashes, ttls, scope=namespace.hex()
+            "match", self.parts.index.match, namespace, hashes, ttls, candidates, scope=namespace.hex()
         )
         if found is None:
             return PrefixMatch([], MissReason.UNAVAILABLE), []
-        entries, seen, tails = found
+        entries, seen, tails, candidate = found
+        if candidate:
+            short = candidates[candidate - 2] if candidate > 1 else None
+            tails = [*tails, TailListing(candidates[candidate - 1], candidate, short)]
         listed = len(entries)
         reason: MissReason | None = None
         if len(entries) < len(hashes):

@@ -2,7 +2,9 @@
 continues it, to the token.
 
 Candidates are the tails this process is still saving after the blocks' tip, and those the index
-listed there in the lookup's one round trip (``store.index.base.Matched.tails``). A tail of L
+has there, in the lookup's one round trip: the tails listed after the tip, and, when every block
+of the prompt is cached, the longest tail that continues it exactly (``candidate_tails``: named
+by the prompt's own tokens, so it is found however many tails share the tip). A tail of L
 tokens serves all L or its first L - 1 (a repeated prompt reuses all but its last token), never
 more than the prompt's last token but one. A listed tail is taken from the RAM tier or read and
 verified like a block (``store.serde.decode_tail``); one that does not verify is dropped and the
@@ -144,6 +146,18 @@ class TailFinder:
             return None
         self.parts.ram.put(namespace, block)
         return block
+
+
+def candidate_tails(
+    namespace: Namespace, token_ids: Sequence[int], hashes: list[BlockHash]
+) -> list[BlockHash]:
+    """The names of the tails that would continue ``token_ids`` after all of its full blocks
+    (``hashes``): element j - 1 names the next j tokens, for j up to 127 and to the prompt's end
+    (a tail as long as the rest serves all of it but the last token)."""
+    start = len(hashes) * BLOCK_SIZE
+    tip = hashes[-1] if hashes else namespace
+    rest = token_ids[start : start + BLOCK_SIZE - 1]
+    return [tail_hash(tip, rest[:j]) for j in range(1, len(rest) + 1)]
 
 
 def usable(length: int, room: int, continues: Callable[[int], bool]) -> int:

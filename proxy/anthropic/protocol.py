@@ -112,11 +112,15 @@ class CountTokensRequest(MessagesRequest):
 def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> tuple[int | None, ...]:
     """The TTL plan of a prompt with breakpoints ``(token position where the marked content ends,
     TTL)``: each full block ending at or before a breakpoint takes that breakpoint's TTL (the first
-    one that covers it); later blocks take the server's (None)."""
+    one that covers it), and a block a breakpoint falls inside the longest of that and theirs, so
+    the tail stored where marked content ends (``hashing.tails``: it takes the TTL of the block it
+    would be) keeps its TTL; later blocks take the server's (None)."""
     plan: list[int | None] = []
-    for i in range(num_full_blocks(prompt_tokens)):
-        end = (i + 1) * BLOCK_SIZE
-        plan.append(next((ttl for position, ttl in breakpoints if position >= end), None))
+    for i in range(-(-prompt_tokens // BLOCK_SIZE)):
+        start, end = i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE
+        covering = next((ttl for position, ttl in breakpoints if position >= end), None)
+        inside = [ttl for position, ttl in breakpoints if start < position < end]
+        plan.append(max([*inside, *([covering] if covering is not None else [])], default=None))
     while plan and plan[-1] is None:
         plan.pop()
     return tuple(plan)
@@ -125,7 +129,8 @@ def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> t
 def usage(done: PrefillDone, output_tokens: int, stored: int) -> dict[str, int]:
     """Anthropic usage of a request whose prompt was computed as ``done`` says and is stored in
     the cache up to position ``stored`` (tokens; 0 without a cache, ``stored_end``)."""
-    created = max(0, stored - done.cached_tokens)
+    # NOTE: a prompt reused to its last token stored nothing new (that token's K/V was stored with it)
+    created = 0 if done.cached_tokens >= done.prompt_tokens - 1 else max(0, stored - done.cached_tokens)
     return {
         "input_tokens": done.prompt_tokens - done.cached_tokens - created,
         "cache_creation_input_tokens": created,

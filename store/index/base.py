@@ -96,12 +96,14 @@ class TailListing(NamedTuple):
 
 class Matched(NamedTuple):
     """What ``BlockIndex.match`` found: the entries of the leading blocks present, whether the
-    first missing one was stored once (it expired or was evicted) rather than never seen, and
-    the tails listed after the last entry's block (after the root when there is none)."""
+    first missing one was stored once (it expired or was evicted) rather than never seen, the
+    tails listed after the last entry's block (after the root when there is none), and, when
+    every block was present, the length of the longest candidate tail with an entry (0: none)."""
 
     entries: list[IndexEntry]
     seen: bool
     tails: list[TailListing]
+    candidate: int = 0
 
 
 class BlockIndex(Protocol):
@@ -110,8 +112,8 @@ class BlockIndex(Protocol):
     Contract (each method is atomic with respect to other processes sharing the index):
     - ``match`` never writes an entry; it refreshes the TTL (never shortening it) and LRU position
       of the entries it returns, which lead the chain and stop at the first missing one, and
-      lists the live tails after them (``TAILS_PER_TIP`` at most per tip); ``touch`` refreshes
-      the one tail a lookup then serves.
+      lists the live tails after them (``TAILS_PER_TIP`` at most per tip: the exact candidates
+      find the others); ``touch`` refreshes the one tail a lookup then serves.
     - ``publish`` is create-only: a second publish of one block changes nothing.
     - ``missing`` and ``publish`` take a batch: one round trip however many blocks.
     - ``evict`` removes least recently used entries (the tail of a chain before its head) until
@@ -121,10 +123,18 @@ class BlockIndex(Protocol):
 
     key_prefix: str
 
-    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]) -> Matched:
+    def match(
+        self,
+        namespace: Namespace,
+        hashes: Sequence[BlockHash],
+        ttls: Sequence[int],
+        candidates: Sequence[BlockHash] = (),
+    ) -> Matched:
         """Entries of the leading blocks present (each one's TTL refreshed to at least its own
-        ``ttls[i]`` seconds), whether the first missing one was stored once, and the tails after
-        the last one present (``Matched``)."""
+        ``ttls[i]`` seconds), whether the first missing one was stored once, the tails listed
+        after the last one present, and when all are present, the longest of ``candidates``
+        (``candidates[j - 1]``: the tail of j tokens that would continue the prompt) with an
+        entry, listed or not (``Matched``)."""
         ...
 
     def touch(

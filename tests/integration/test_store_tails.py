@@ -151,3 +151,17 @@ def test_the_collector_prunes_expired_listings_no_lookup_reads(make) -> None:
     else:
         assert index.tails == {}
     assert index.num_blocks() == 0
+
+
+def test_a_tail_beyond_the_listing_is_still_found_by_its_own_tokens(make) -> None:
+    """More tails after one tip than are listed (short prompts all follow the root; many
+    questions follow one shared block): every one still serves its own prompt again, to the
+    token, since a prompt whose blocks are all cached names its candidate tails itself."""
+    cache = make()
+    short = [[2000 + i, 7, 8, 9] for i in range(TAILS_PER_TIP + 8)]
+    shared = IDS[: BLOCK_SIZE + 72]
+    long = [shared + [3000 + i] * 20 for i in range(TAILS_PER_TIP + 8)]
+    for ids in short + long:
+        stored(cache, ids)
+    assert [cache.lookup(NS, ids).tail_tokens for ids in short] == [3] * len(short)
+    assert [cache.lookup(NS, ids).num_tokens for ids in long] == [len(long[0]) - 1] * len(long)

@@ -69,7 +69,13 @@ class MemoryIndex:
         return found[0]
 
     @_locked
-    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]) -> Matched:
+    def match(
+        self,
+        namespace: Namespace,
+        hashes: Sequence[BlockHash],
+        ttls: Sequence[int],
+        candidates: Sequence[BlockHash] = (),
+    ) -> Matched:
         out: list[IndexEntry] = []
         seen = False
         for i, h in enumerate(hashes):
@@ -83,7 +89,10 @@ class MemoryIndex:
             self.lru[member] = self.clock() - i * 1e-6
             out.append(entry)
         tip = hashes[len(out) - 1] if out else None
-        return Matched(out, seen, [listing for listing, _ in self._tails(namespace, tip).values()])
+        listed = [listing for listing, _ in self._tails(namespace, tip).values()]
+        present = [j for j, h in enumerate(candidates, 1) if self._entry(member_name(namespace, h))]
+        candidate = max(present, default=0) if len(out) == len(hashes) else 0
+        return Matched(out, seen, listed, candidate)
 
     def _tails(
         self, namespace: Namespace, tip: BlockHash | None

@@ -52,20 +52,28 @@ class RedisIndex:
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
         return self.keys.block(namespace, block_hash)
 
-    def match(self, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int]) -> Matched:
+    def match(
+        self,
+        namespace: Namespace,
+        hashes: Sequence[BlockHash],
+        ttls: Sequence[int],
+        candidates: Sequence[BlockHash] = (),
+    ) -> Matched:
         """The leading blocks present and the tails after them (``Matched``), in one round trip on
         the namespace's node; refreshes the TTL of matched key i to at least ``ttls[i]`` seconds
         and marks it used now. An entry that does not parse ends the match (and lists no tail)."""
-        keys, args = scripts.match_arguments(self.keys, namespace, hashes, ttls, time.time())
-        raws, seen, listed = self._match(keys=keys, args=args)
+        keys, args = scripts.match_arguments(self.keys, namespace, hashes, ttls, candidates, time.time())
+        raws, seen, listed, candidate = self._match(keys=keys, args=args)
         entries: list[IndexEntry] = []
         for raw in raws:
             try:
                 entries.append(IndexEntry.from_json(raw))
             except (ValueError, KeyError, TypeError):
                 break
-        tails = parse_tails(listed) if len(entries) == len(raws) else []
-        return Matched(entries, bool(seen), tails)
+        parsed = len(entries) == len(raws)
+        return Matched(
+            entries, bool(seen), parse_tails(listed) if parsed else [], int(candidate) if parsed else 0
+        )
 
     def touch(
         self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int

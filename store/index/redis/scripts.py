@@ -43,19 +43,22 @@ end
 """
 
 # MATCH: walk a chain, stopping at the first missing entry; refresh TTL and LRU of each found;
-# list the live tails after the last one found.
+# list the live tails after the last one found; when every block was found, also the longest of
+# the candidate tails after the last one (those that continue the prompt) that has an entry.
 #   KEYS[1]    the namespace's LRU sorted set     KEYS[2]  its tails hash
 #   KEYS[2 + i]      block i's entry key (chain order, n blocks)
 #   KEYS[2 + n + i]  block i's "seen" key
-#   ARGV[1]    now (Unix seconds)     ARGV[2]  unused (0)
+#   KEYS[2 + 2n + j] the entry key of the candidate tail of j tokens after block n (m of them)
+#   ARGV[1]    now (Unix seconds)     ARGV[2]  n
 #   ARGV[2 + i]  block i's TTL in seconds      ARGV[2 + n + i]  block i's member name
 #   ARGV[2 + 2n + 1 + k]  the tails field after k blocks (k = 0 .. n)
 # Returns {entries found (JSON strings), 1 if the first missing block was stored once else 0,
-# the live tails after them (JSON list)}.
+# the live tails after them (JSON list), the length of the candidate found (0: none)}.
 MATCH = (
     LIVE_TAILS
     + """
-local n = (#KEYS - 2) / 2
+local n = tonumber(ARGV[2])
+local m = #KEYS - 2 - 2 * n
 local now = tonumber(ARGV[1])
 local entries = {}
 local seen = 0
@@ -70,20 +73,36 @@ for i = 1, n do
   entries[i] = entry
 end
 local tails = live_tails(KEYS[2], ARGV[3 + 2 * n + #entries], now, nil)
-return {entries, seen, cjson.encode(tails)}
+local candidate = 0
+if #entries == n then
+  for j = m, 1, -1 do
+    if redis.call('EXISTS', KEYS[2 + 2 * n + j]) == 1 then
+      candidate = j
+      break
+    end
+  end
+end
+return {entries, seen, cjson.encode(tails), candidate}
 """
 )
 
 
 def match_arguments(
-    keys: IndexKeys, namespace: Namespace, hashes: Sequence[BlockHash], ttls: Sequence[int], now: float
+    keys: IndexKeys,
+    namespace: Namespace,
+    hashes: Sequence[BlockHash],
+    ttls: Sequence[int],
+    candidates: Sequence[BlockHash],
+    now: float,
 ) -> tuple[list[str], list[str | int | float]]:
-    """``(KEYS, ARGV)`` of one MATCH call for the chain ``hashes``, as its legend lays them out."""
+    """``(KEYS, ARGV)`` of one MATCH call for the chain ``hashes`` and the candidate tails after
+    it (``candidates[j - 1]`` of j tokens), as its legend lays them out."""
     ns = namespace.hex()
     out_keys = [keys.of(ns, "lru"), keys.of(ns, "tails")]
     out_keys += [keys.block(namespace, h) for h in hashes] + [keys.seen(namespace, h) for h in hashes]
+    out_keys += [keys.block(namespace, h) for h in candidates]
     fields = [tails_field(None), *(tails_field(h) for h in hashes)]
-    return out_keys, [now, 0, *ttls, *(member_name(namespace, h) for h in hashes), *fields]
+    return out_keys, [now, len(hashes), *ttls, *(member_name(namespace, h) for h in hashes), *fields]
 
 
 # TOUCH: refresh a tail a lookup served: its TTL (never shortened), LRU position, listed expiry.

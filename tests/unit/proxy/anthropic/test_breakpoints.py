@@ -1,4 +1,5 @@
-"""proxy/anthropic/protocol.py: ``cache_control`` breakpoints become a TTL plan over full blocks."""
+"""proxy/anthropic/protocol.py: ``cache_control`` breakpoints become a TTL plan over blocks (and
+the tail stored where a breakpoint falls inside one)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from proxy.anthropic.protocol import breakpoint_ttls
 
 
 def test_blocks_ending_within_a_breakpoint_take_its_ttl() -> None:
-    """A breakpoint at token 300 covers blocks 0 and 1 (they end at 128 and 256); block 2 ends at 384,
-    past it, and takes the server's TTL, which is left off the end of the plan."""
-    assert breakpoint_ttls(3 * BLOCK_SIZE + 5, [(300, 3600)]) == (3600, 3600)
+    """A breakpoint at token 300 covers blocks 0 and 1 (they end at 128 and 256) and falls inside
+    block 2 (its tail at 300 keeps the TTL); block 3 starts past it and takes the server's TTL,
+    which is left off the end of the plan."""
+    assert breakpoint_ttls(3 * BLOCK_SIZE + 5, [(300, 3600)]) == (3600, 3600, 3600)
 
 
 def test_the_first_covering_breakpoint_wins() -> None:
@@ -18,10 +20,16 @@ def test_the_first_covering_breakpoint_wins() -> None:
     assert plan == (3600, 300, 300, 3600)
 
 
-def test_no_breakpoint_and_short_prompts_give_an_empty_plan() -> None:
-    """Nothing marked, or no full block: every block takes the server's TTL."""
+def test_no_breakpoint_gives_an_empty_plan_and_a_short_prompt_its_tails_ttl() -> None:
+    """Nothing marked: every block takes the server's TTL; a breakpoint in a prompt under one
+    block gives the tail stored there its TTL."""
     assert breakpoint_ttls(1000, []) == ()
-    assert breakpoint_ttls(BLOCK_SIZE - 1, [(100, 3600)]) == ()
+    assert breakpoint_ttls(BLOCK_SIZE - 1, [(100, 3600)]) == (3600,)
+
+
+def test_a_block_a_breakpoint_falls_inside_takes_the_longest_ttl() -> None:
+    """Block 3 holds the end of a 5-minute breakpoint and is covered by a 1-hour one: 1 hour."""
+    assert breakpoint_ttls(4 * BLOCK_SIZE, [(400, 300), (512, 3600)])[3] == 3600
 
 
 def test_a_breakpoint_exactly_at_a_block_end_covers_that_block() -> None:
