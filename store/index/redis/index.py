@@ -26,7 +26,7 @@ from store.index.redis import scripts
 from store.index.redis.counters import SharedCounters
 from store.index.redis.hot import RedisHotPrefixes
 from store.index.redis.keys import IndexKeys
-from store.index.redis.tails import TailListings, parse_tails
+from store.index.redis.tails import TailListings, parse_match
 
 SEEN_TTL_S = 7 * 86_400
 """Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""
@@ -63,17 +63,7 @@ class RedisIndex:
         the namespace's node; refreshes the TTL of matched key i to at least ``ttls[i]`` seconds
         and marks it used now. An entry that does not parse ends the match (and lists no tail)."""
         keys, args = scripts.match_arguments(self.keys, namespace, hashes, ttls, candidates, time.time())
-        raws, seen, listed, candidate = self._match(keys=keys, args=args)
-        entries: list[IndexEntry] = []
-        for raw in raws:
-            try:
-                entries.append(IndexEntry.from_json(raw))
-            except (ValueError, KeyError, TypeError):
-                break
-        parsed = len(entries) == len(raws)
-        return Matched(
-            entries, bool(seen), parse_tails(listed) if parsed else [], int(candidate) if parsed else 0
-        )
+        return parse_match(self._match(keys=keys, args=args))
 
     def touch(
         self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int

@@ -105,27 +105,6 @@ def match_arguments(
     return out_keys, [now, len(hashes), *ttls, *(member_name(namespace, h) for h in hashes), *fields]
 
 
-# TOUCH: refresh a tail a lookup served: its TTL (never shortened), LRU position, listed expiry.
-#   KEYS[1] LRU sorted set   KEYS[2] tails hash   KEYS[3] the tail's entry key
-#   ARGV[1] now (Unix seconds)   ARGV[2] TTL (s)   ARGV[3] member name   ARGV[4] tails field
-#   ARGV[5] tail hash (hex)   ARGV[6] its chain position   ARGV[7] TAIL_AGE_S
-TOUCH = (
-    LIVE_TAILS
-    + """
-if redis.call('EXPIRE', KEYS[3], ARGV[2], 'GT') == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
-  return 0
-end
-local now = tonumber(ARGV[1])
-redis.call('ZADD', KEYS[1], 'XX', now - tonumber(ARGV[7]) - tonumber(ARGV[6]) * 1e-6, ARGV[3])
-local tails = live_tails(KEYS[2], ARGV[4], now, nil)
-for _, item in ipairs(tails) do
-  if item[1] == ARGV[5] then item[4] = math.max(tonumber(item[4]), now + tonumber(ARGV[2])) end
-end
-if #tails > 0 then redis.call('HSET', KEYS[2], ARGV[4], cjson.encode(tails)) end
-return 1
-"""
-)
-
 # PUBLISH: index blocks and tails whose blobs are complete (SET NX: the first writer of each wins).
 #   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[4] tails hash
 #   KEYS[4 + 3(i-1) + 1..3]  item i's entry key, its "seen" key, its parent's children set
@@ -163,16 +142,6 @@ for i = 1, n do
   end
 end
 return tonumber(redis.call('GET', KEYS[3]) or '0')
-"""
-)
-
-
-# PRUNE: drop expired tails from the listings of some tips.
-#   KEYS[1] tails hash   ARGV[1] now (Unix seconds)   ARGV[1 + i] tip i's field
-PRUNE = (
-    LIVE_TAILS
-    + """
-for i = 2, #ARGV do live_tails(KEYS[1], ARGV[i], tonumber(ARGV[1]), nil) end
 """
 )
 

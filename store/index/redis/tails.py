@@ -1,24 +1,55 @@
 """The tails' listings in Redis (the ``tails`` hash of ``store.index.redis.keys``): refreshing a
-tail a lookup served, pruning expired ones, and reading them from a MATCH reply. The scripts are
-``store.index.redis.scripts``' TOUCH and PRUNE; MATCH, PUBLISH and FORGET keep the listings
-in step with the entries."""
+tail a lookup served, pruning expired ones (the scripts TOUCH and PRUNE, legends as in
+``store.index.redis.scripts``), and reading them from a MATCH reply. MATCH, PUBLISH and FORGET
+keep the listings in step with the entries."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import redis
 
 from hashing import BlockHash, Namespace
-from store.entries import member_name
-from store.index.base import TAIL_AGE_S, TailListing
+from store.entries import IndexEntry, member_name
+from store.index.base import TAIL_AGE_S, Matched, TailListing
 from store.index.redis import scripts
 from store.index.redis.keys import IndexKeys
 
 PRUNE_BATCH = 64
 """Tips one PRUNE call looks at."""
+
+# TOUCH: refresh a tail a lookup served: its TTL (never shortened), LRU position, listed expiry.
+#   KEYS[1] LRU sorted set   KEYS[2] tails hash   KEYS[3] the tail's entry key
+#   ARGV[1] now (Unix seconds)   ARGV[2] TTL (s)   ARGV[3] member name   ARGV[4] tails field
+#   ARGV[5] tail hash (hex)   ARGV[6] its chain position   ARGV[7] TAIL_AGE_S
+TOUCH = (
+    scripts.LIVE_TAILS
+    + """
+if redis.call('EXPIRE', KEYS[3], ARGV[2], 'GT') == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+  return 0
+end
+local now = tonumber(ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', now - tonumber(ARGV[7]) - tonumber(ARGV[6]) * 1e-6, ARGV[3])
+local tails = live_tails(KEYS[2], ARGV[4], now, nil)
+for _, item in ipairs(tails) do
+  if item[1] == ARGV[5] then item[4] = math.max(tonumber(item[4]), now + tonumber(ARGV[2])) end
+end
+if #tails > 0 then redis.call('HSET', KEYS[2], ARGV[4], cjson.encode(tails)) end
+return 1
+"""
+)
+
+# PRUNE: drop expired tails from the listings of some tips.
+#   KEYS[1] tails hash   ARGV[1] now (Unix seconds)   ARGV[1 + i] tip i's field
+PRUNE = (
+    scripts.LIVE_TAILS
+    + """
+for i = 2, #ARGV do live_tails(KEYS[1], ARGV[i], tonumber(ARGV[1]), nil) end
+"""
+)
 
 
 class TailListings:
@@ -27,8 +58,8 @@ class TailListings:
 
     def __init__(self, client: redis.Redis, keys: IndexKeys) -> None:
         self.client, self.keys = client, keys
-        self._touch = client.register_script(scripts.TOUCH)
-        self._prune = client.register_script(scripts.PRUNE)
+        self._touch = client.register_script(TOUCH)
+        self._prune = client.register_script(PRUNE)
 
     def touch(
         self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int
@@ -57,6 +88,22 @@ class TailListings:
             fields = [f.decode() for f, _ in self.client.hscan_iter(key, count=PRUNE_BATCH)]
             for start in range(0, len(fields), PRUNE_BATCH):
                 self._prune(keys=[key], args=[time.time(), *fields[start : start + PRUNE_BATCH]])
+
+
+def parse_match(reply: Sequence[Any]) -> Matched:
+    """A MATCH reply as ``Matched``: an entry that does not parse ends the chain, and then no tail
+    is listed."""
+    raws, seen, listed, candidate = reply
+    entries: list[IndexEntry] = []
+    for raw in raws:
+        try:
+            entries.append(IndexEntry.from_json(raw))
+        except (ValueError, KeyError, TypeError):
+            break
+    parsed = len(entries) == len(raws)
+    return Matched(
+        entries, bool(seen), parse_tails(listed) if parsed else [], int(candidate) if parsed else 0
+    )
 
 
 def parse_tails(raw: bytes | str) -> list[TailListing]:
