@@ -88,13 +88,14 @@ def section(out: dict[str, Any]) -> list[str]:
     ]
 
 
-def splice(path: Path, lines: list[str]) -> None:
-    """Put ``lines`` in ``path`` between the markers (replacing what was there), or at its end."""
+def splice(path: Path, lines: list[str], markers: tuple[str, str] = MARKERS) -> None:
+    """Put ``lines`` (which start and end with ``markers``) in ``path`` between the markers
+    (replacing what was there), or at its end."""
     text = path.read_text() if path.exists() else ""
     block = "\n".join(lines) + "\n"
-    if MARKERS[0] in text and MARKERS[1] in text:
-        head, _, rest = text.partition(MARKERS[0])
-        _, _, tail = rest.partition(MARKERS[1] + "\n")
+    if markers[0] in text and markers[1] in text:
+        head, _, rest = text.partition(markers[0])
+        _, _, tail = rest.partition(markers[1] + "\n")
         path.write_text(head + block + tail)
     else:
         path.write_text(text.rstrip("\n") + "\n\n" + block)

@@ -37,6 +37,8 @@ class GenerationRequest:
             (``EngineStats.prewarm_tokens``), never in the hit rates.
         boundaries: prompt positions (tokens) where later prompts may diverge, e.g. where the
             system prompt ends: the tail up to each is stored too (``hashing.tails``).
+        grammar: an llguidance grammar the completion must follow (``engine.constraint``):
+            only tokens it allows are sampled, and the completion ends where it is complete.
     """
 
     prompt_ids: tuple[int, ...]
@@ -48,6 +50,7 @@ class GenerationRequest:
     cache_ttl_s: TtlPlan = None
     prewarm: bool = False
     boundaries: tuple[int, ...] = ()
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)

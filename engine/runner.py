@@ -176,7 +176,8 @@ class Runner:
         """Sample and emit the next token; the finish reason when the sequence ends with it."""
         if seq.cancelled:
             return "cancelled"
-        token = seq.sampler(logits)
+        # NOTE: the grammar masks this row only, on a copy; log-probabilities stay the model's
+        token = seq.sampler(logits if seq.constraint is None else seq.constraint.mask(logits))
         seq.generated.append(token)
         if seq.audit is not None:
             seq.audit.record(token, logits)
@@ -184,7 +185,9 @@ class Runner:
             return "stop"
         logprob, top = logprobs(logits, token, seq.request.top_logprobs)
         seq.handle.emit(TokenDelta(token, seq.text.push(token), logprob, top))
-        if seq.text.stopped:
+        if seq.constraint is not None:
+            seq.constraint.accept(token)
+        if seq.text.stopped or (seq.constraint is not None and seq.constraint.complete):
             return "stop"
         return "length" if len(seq.generated) >= seq.request.max_tokens else None
 

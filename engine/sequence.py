@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from engine.audit import AuditCapture
+from engine.constraint import Constraint
 from engine.requests import GenerationRequest, RequestHandle
 from engine.sampling import Sampler
 from engine.text import TextStream
@@ -63,6 +64,7 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     error: BaseException | None = None  # the lookup stage failed
     audit: AuditCapture | None = None  # a hit sampled for the fidelity audit
+    constraint: Constraint | None = None  # the request's grammar, if it has one
 
     @property
     def n(self) -> int:

@@ -24,6 +24,7 @@ import torch
 
 from engine.audit import Auditor, AuditResult
 from engine.buffers import BufferPool
+from engine.constraint import Constraint
 from engine.decoding import Decoder, pick_decoder
 from engine.forward import use_batched_attention
 from engine.model.loading import LoadedModel
@@ -120,12 +121,17 @@ class Engine:
 
         Raises:
             EngineBusy: ``max_queue`` requests are already waiting.
+            GrammarError: ``request.grammar`` does not compile (``engine.constraint.check_grammar``
+                first: it also builds, once, what compiling needs).
         """
         handle = RequestHandle(emit)
         sampler = Sampler(request.sampling, self.loaded.device)
-        self.scheduler.add(
-            Sequence(request, handle, sampler, TextStream(self.loaded.tokenizer, request.stop))
-        )
+        loaded = self.loaded
+        seq = Sequence(request, handle, sampler, TextStream(loaded.tokenizer, request.stop))
+        if request.grammar is not None:
+            vocab = loaded.model.config.vocab_size
+            seq.constraint = Constraint(loaded.tokenizer, vocab, request.grammar, loaded.eos_token_ids)
+        self.scheduler.add(seq)
         return handle
 
     def flush_saves(self, timeout_s: float) -> bool:

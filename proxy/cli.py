@@ -8,6 +8,7 @@ Every field of ``Settings`` is a flag of the same name (``ttl`` -> ``--ttl``, ``
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -26,12 +27,34 @@ def main() -> None:
     """kvproxy: an OpenAI-compatible server with a persistent, shared prefix KV cache."""
 
 
+def check_port(host: str, port: int) -> None:
+    """Raises click.UsageError when ``host:port`` cannot be listened on (another server has it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise click.UsageError(f"cannot listen on {host}:{port}: {exc.strerror} (--port)") from exc
+
+
+def run_server(config: Any, doing: str) -> None:
+    """Run uvicorn with ``config``; say ``kvproxy: <doing> on <url>`` once the port is open."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                click.echo(f"kvproxy: {doing} on http://{config.host}:{config.port}/v1", err=True)
+
+    Server(config).run()
+
+
 @main.command()
 @settings_options
 def serve(**flags: Any) -> None:
     """Serve the model over the OpenAI API, through the prefix cache."""
-    import uvicorn
-
     from engine.model.loading import load_model_apart
     from proxy.app import create_app
     from proxy.http.auth import parse_api_keys
@@ -48,6 +71,7 @@ def serve(**flags: Any) -> None:
             blob_budget(settings)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
+    check_port(settings.host, settings.port)  # NOTE: before the model loads, not after
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         loaded = load_model_apart(
@@ -60,11 +84,10 @@ def serve(**flags: Any) -> None:
     except ModelError as exc:
         click.echo(f"kvproxy: {exc}", err=True)
         sys.exit(1)
-    click.echo(f"kvproxy: serving {loaded.name} on http://{settings.host}:{settings.port}/v1", err=True)
     # NOTE: on SIGTERM, requests in flight get a bounded time to finish; pending cache saves are
     # then flushed by the app's shutdown.
     app = create_app(settings, loaded)
-    uvicorn.Server(server_config(app, settings, timeout_graceful_shutdown=15)).run()
+    run_server(server_config(app, settings, timeout_graceful_shutdown=15), f"serving {loaded.name}")
 
 
 @main.command()
@@ -72,8 +95,6 @@ def serve(**flags: Any) -> None:
 def route(**flags: Any) -> None:
     """Route requests to several OpenAI-compatible servers, each to the replica most likely to
     hold its prefix (docs/router.md)."""
-    import uvicorn
-
     from proxy.http.auth import parse_api_keys
     from proxy.http.limits import server_config
     from proxy.router.app import create_route_app, load_identity
@@ -86,9 +107,9 @@ def route(**flags: Any) -> None:
         raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per health probe
-    click.echo(f"kvproxy: routing on http://{settings.host}:{settings.port}/v1", err=True)
+    check_port(settings.host, settings.port)
     app = create_route_app(settings, identity)
-    uvicorn.Server(server_config(app, settings, timeout_graceful_shutdown=15)).run()
+    run_server(server_config(app, settings, timeout_graceful_shutdown=15), "routing")
 
 
 @main.group()

@@ -42,28 +42,34 @@ def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> l
     ]
 
 
+SIBLINGS_READ = 16
+"""The most sibling blocks one explanation reads."""
+
+
 def divergence(
     index: BlockIndex, blobs: BlobBackend, namespace: Namespace, token_ids: Sequence[int], block: int
 ) -> tuple[int, list[int]] | None:
     """Where ``token_ids`` first differs from a cached sibling of its block ``block``.
 
     Looks for a stored block with the same parent (so the same tokens before it, in this
-    namespace only) and compares token ids.
+    namespace only) and compares token ids; of the first ``SIBLINGS_READ`` siblings, the one that
+    agrees longest.
 
     Returns:
         ``(token position, the sibling's 128 token ids)``, or None when no sibling is stored.
     """
     prefix = block_hashes(token_ids[: block * BLOCK_SIZE], namespace)
     mine = block_tokens(token_ids, block)
-    for sibling in index.children(namespace, prefix[-1] if prefix else None):
+    best: tuple[int, list[int]] | None = None
+    for sibling in list(index.children(namespace, prefix[-1] if prefix else None))[:SIBLINGS_READ]:
         try:
             theirs = read_token_ids(blobs.read(namespace, sibling))
         except (OSError, BlockVerificationError):
             continue
         differs = next((j for j, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
-        if differs is not None:
-            return block * BLOCK_SIZE + differs, theirs
-    return None
+        if differs is not None and (best is None or block * BLOCK_SIZE + differs > best[0]):
+            best = block * BLOCK_SIZE + differs, theirs
+    return best
 
 
 def hot_prefixes(

@@ -1,7 +1,9 @@
-"""``POST /v1/messages``: Anthropic's Messages API on the local model, with prompt caching."""
+"""``POST /v1/messages``: Anthropic's Messages API on the local model, with prompt caching and
+tools."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -12,6 +14,8 @@ from engine.requests import GenerationRequest
 from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.anthropic import protocol as anthropic
+from proxy.anthropic.streaming import events
+from proxy.anthropic.tools import content, message_tools, tool_breakpoints
 from proxy.http.auth import Tenant, get_tenant
 from proxy.http.errors import OpenAIError
 from proxy.serving.ahead import chat_boundaries, render_ahead
@@ -20,44 +24,71 @@ from proxy.serving.running import complete, start
 from proxy.serving.streaming import new_id
 from proxy.serving.validation import check_model, completion_budget
 from proxy.state import CacheDep, EngineDep, SettingsDep
+from proxy.tools.answer import AnswerPlan, plan_answer
+from proxy.tools.formats import tool_format
+from proxy.tools.prompt import tool_messages, tools_span
+from proxy.tools.spec import ToolSet
 
 router = APIRouter()
 
 
-def prompt_and_ttls(
-    engine: Engine, body: anthropic.MessagesRequest, max_ttl: int
-) -> tuple[list[int], tuple[int | None, ...], tuple[int, ...]]:
-    """The rendered prompt, the TTL plan its ``cache_control`` breakpoints give its blocks, and
-    where later prompts may diverge from it (the breakpoints and the system prompt's end: a tail
-    is stored at each, ``GenerationRequest.boundaries``).
+@dataclass(frozen=True)
+class Prompt:
+    """A Messages body rendered: its token ids, the TTL plan its ``cache_control`` breakpoints
+    give its blocks, where later prompts may diverge from it (a tail is stored at each,
+    ``GenerationRequest.boundaries``), and what the template got (messages, tool definitions)."""
+
+    ids: list[int]
+    ttls: tuple[int | None, ...]
+    boundaries: tuple[int, ...]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+def render(engine: Engine, body: anthropic.MessagesRequest, tools: ToolSet | None, max_ttl: int) -> Prompt:
+    """The body's prompt (``Prompt``).
 
     A breakpoint covers the message that holds it: its token position is the length of the
     prompt rendered up to that message, when that rendering is a prefix of the whole prompt
-    (chat templates render turn after turn); else it covers the whole prompt.
+    (chat templates render turn after turn); else it covers the whole prompt. A breakpoint on a
+    tool definition covers the tools (``proxy.tools.prompt.tools_span``): they come first.
 
     Raises:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
-    tokenizer = engine.loaded.tokenizer
-    messages, breakpoints = body.template_messages()
+    tokenizer, fmt = engine.loaded.tokenizer, tool_format(engine.loaded.tokenizer)
+    raw, breakpoints = body.template_messages()
+    messages, template_tools = tool_messages(raw, tools, fmt)
+    extra = body.model_extra or {}
     try:
-        ids = render_chat(tokenizer, messages)
+        ids = render_chat(tokenizer, messages, tools=template_tools)
         positions = []
         for index, ttl in breakpoints:
-            head = render_chat(tokenizer, messages[: index + 1], add_generation_prompt=False)
+            head_messages, head_tools = tool_messages(raw[: index + 1], tools, fmt)
+            head = render_chat(tokenizer, head_messages, tools=head_tools, add_generation_prompt=False)
             positions.append((len(head) if ids[: len(head)] == head else len(ids), min(ttl, max_ttl)))
+        if tools is not None and (marks := tool_breakpoints(extra.get("tools"))):
+            end = tools_span(tokenizer, raw, tools, fmt, ids)[1]
+            positions += [(end, min(ttl, max_ttl)) for ttl in marks]
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
-    boundaries = {p for p, _ in positions} | set(chat_boundaries(engine, messages, ids, None))
-    return ids, anthropic.breakpoint_ttls(len(ids), positions), tuple(sorted(boundaries))
+    boundaries = {p for p, _ in positions} | set(chat_boundaries(engine, messages, ids, None, template_tools))
+    ttls = anthropic.breakpoint_ttls(len(ids), sorted(positions))
+    return Prompt(ids, ttls, tuple(sorted(boundaries)), messages, template_tools)
 
 
-def accept(engine: Engine, body: anthropic.MessagesRequest) -> None:
-    """Raises OpenAIError: 404 for a model not served, 400 naming a field that cannot be honoured."""
+def accept(engine: Engine, body: anthropic.MessagesRequest) -> ToolSet | None:
+    """The body's tools.
+
+    Raises:
+        OpenAIError: 404 for a model not served, 400 naming a field that cannot be honoured.
+    """
     check_model(engine, body.model)
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
+    extra = body.model_extra or {}
+    return message_tools(extra.get("tools"), extra.get("tool_choice"))
 
 
 @router.post("/v1/messages/count_tokens", dependencies=[Depends(get_tenant)])
@@ -65,9 +96,9 @@ async def count_tokens(
     body: anthropic.CountTokensRequest, engine: EngineDep, settings: SettingsDep
 ) -> dict[str, int]:
     """The prompt length of a Messages body, in tokens, as ``/v1/messages`` would render it."""
-    accept(engine, body)
-    ids, _, _ = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
-    return {"input_tokens": len(ids)}
+    tools = accept(engine, body)
+    prompt = await run_in_threadpool(render, engine, body, tools, settings.max_ttl)
+    return {"input_tokens": len(prompt.ids)}
 
 
 @router.post("/v1/messages")
@@ -79,8 +110,14 @@ async def messages(
     cache: CacheDep,
     tenant: Tenant,
 ) -> Any:
-    accept(engine, body)
-    ids, ttls, boundaries = await run_in_threadpool(prompt_and_ttls, engine, body, settings.max_ttl)
+    tools = accept(engine, body)
+
+    def prepare() -> tuple[Prompt, AnswerPlan]:
+        plan = plan_answer(engine, tools, None, "", "tools[{i}].input_schema", "toolu_")
+        return render(engine, body, tools, settings.max_ttl), plan
+
+    prompt, plan = await run_in_threadpool(prepare)
+    ids = prompt.ids
     generation = GenerationRequest(
         prompt_ids=tuple(ids),
         max_tokens=completion_budget(engine, settings, len(ids), body.max_tokens, "messages"),
@@ -90,18 +127,20 @@ async def messages(
         ),
         stop=tuple(body.stop_sequences or ()),
         tenant=tenant,
-        cache_ttl_s=ttls or None,
-        boundaries=boundaries,
+        cache_ttl_s=prompt.ttls or None,
+        boundaries=prompt.boundaries,
+        grammar=plan.grammar,
     )
-    messages = body.template_messages()[0]
-    started = await start(request, engine, generation, render_ahead(engine, settings, messages, generation))
+    ahead = render_ahead(engine, settings, prompt.messages, generation, None, prompt.tools)
+    started = await start(request, engine, generation, ahead)
     message_id = new_id("msg", "_")
     stored = anthropic.stored_end(len(ids), cache is not None, not settings.no_tails)
     if body.stream:
-        stream = anthropic.events(started, message_id, body.model, stored)
+        stream = events(started, message_id, body.model, stored, plan)
         return StreamingResponse(stream, media_type="text/event-stream", headers=started.headers)
     result = await complete(started, request)
     assert result.finished is not None
     usage = anthropic.usage(started.done, result.finished.completion_tokens, stored)
-    reply = anthropic.message(message_id, body.model, result.text, result.finished, usage)
+    text, calls = plan.read(result.text)
+    reply = anthropic.message(message_id, body.model, content(text, calls), result.finished, usage)
     return JSONResponse(reply, headers=started.headers)

@@ -11,14 +11,12 @@ length.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from engine.requests import Failed, Finished, PrefillDone, TokenDelta
+from engine.requests import Finished, PrefillDone
 from hashing import BLOCK_SIZE, num_full_blocks
-from proxy.serving.running import Started
 
 TTL_S = {"5m": 300, "1h": 3600}
 """``cache_control.ttl`` in seconds (absent: 5 minutes)."""
@@ -64,7 +62,7 @@ class MessagesRequest(_Lenient):
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""
         extra = self.model_extra or {}
-        for name in ("tools", "tool_choice", "thinking", "top_k"):
+        for name in ("thinking", "top_k"):
             if extra.get(name) is not None and not (
                 name == "thinking" and extra[name] == {"type": "disabled"}
             ):
@@ -77,17 +75,21 @@ class MessagesRequest(_Lenient):
                     f"system blocks of type `{block.type}` are not supported; send text",
                 )
         for i, message in enumerate(self.messages):
+            allowed = BLOCK_TYPES[message.role]
             for j, block in enumerate(message.blocks()):
-                if block.type != "text":
+                if block.type not in allowed:
                     return (
                         f"messages[{i}].content[{j}].type",
-                        f"content blocks of type `{block.type}` are not supported; send text",
+                        f"{message.role} content blocks of type `{block.type}` are not supported; "
+                        f"send {', '.join(allowed)}",
                     )
         return None
 
     def template_messages(self) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
-        """The messages as chat templates take them, and the ``cache_control`` breakpoints as
-        ``(index of the template message that holds it, TTL in seconds)``."""
+        """The messages as chat templates take them (OpenAI's shape: an assistant's ``tool_use``
+        blocks as ``tool_calls``, each ``tool_result`` as a ``tool`` message before the user's
+        text), and the ``cache_control`` breakpoints as ``(index of the template message that
+        holds it, TTL in seconds)``."""
         messages: list[dict[str, Any]] = []
         breakpoints: list[tuple[int, int]] = []
         if self.system is not None:
@@ -98,9 +100,47 @@ class MessagesRequest(_Lenient):
             breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
         for message in self.messages:
             blocks = message.blocks()
-            breakpoints += [(len(messages), TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control]
-            messages.append({"role": message.role, "content": "".join(b.text or "" for b in blocks)})
+            for block in blocks:
+                if block.type == "tool_result":
+                    extra = block.model_extra or {}
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": extra.get("tool_use_id"),
+                            "content": result_text(extra),
+                        }
+                    )
+            text = "".join(b.text or "" for b in blocks if b.type == "text")
+            calls = [_tool_call(b.model_extra or {}) for b in blocks if b.type == "tool_use"]
+            if text or calls or not any(b.type == "tool_result" for b in blocks):
+                turn: dict[str, Any] = {"role": message.role, "content": text}
+                messages.append(turn | ({"tool_calls": calls} if calls else {}))
+            breakpoints += [
+                (len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control
+            ]
         return messages, breakpoints
+
+
+BLOCK_TYPES = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+"""The content blocks each role may send."""
+
+
+def result_text(block: dict[str, Any]) -> str:
+    """A ``tool_result``'s content as text (a string, or its text blocks joined); an error's
+    content is marked as one."""
+    content = block.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return f"Error: {content}" if block.get("is_error") else str(content)
+
+
+def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
 
 
 class CountTokensRequest(MessagesRequest):
@@ -139,24 +179,32 @@ def usage(done: PrefillDone, output_tokens: int, stored: int) -> dict[str, int]:
     }
 
 
-def stop_reason(finished: Finished) -> str:
-    """``end_turn`` (the model ended), ``max_tokens`` or ``stop_sequence``."""
+def stop_reason(finished: Finished, called: bool = False) -> str:
+    """``end_turn`` (the model ended), ``tool_use`` (it ended with calls), ``max_tokens`` or
+    ``stop_sequence``."""
     if finished.finish_reason == "length":
         return "max_tokens"
-    return "stop_sequence" if finished.stop_sequence is not None else "end_turn"
+    if finished.stop_sequence is not None:
+        return "stop_sequence"
+    return "tool_use" if called else "end_turn"
 
 
 def message(
-    message_id: str, model: str, text: str | None, finished: Finished | None, usage: dict[str, int]
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    finished: Finished | None,
+    usage: dict[str, int],
 ) -> dict[str, Any]:
-    """A Messages API response object (``text`` None: the empty message of ``message_start``)."""
+    """A Messages API response object (no ``finished``: the empty message of ``message_start``)."""
+    called = any(block["type"] == "tool_use" for block in content)
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [] if text is None else [{"type": "text", "text": text}],
-        "stop_reason": stop_reason(finished) if finished else None,
+        "content": content,
+        "stop_reason": stop_reason(finished, called) if finished else None,
         "stop_sequence": finished.stop_sequence if finished else None,
         "usage": usage,
     }
@@ -168,40 +216,3 @@ def stored_end(prompt_tokens: int, caching: bool, tails: bool) -> int:
     if not caching:
         return 0
     return prompt_tokens if tails else BLOCK_SIZE * num_full_blocks(prompt_tokens)
-
-
-async def events(started: Started, message_id: str, model: str, stored: int) -> AsyncIterator[str]:
-    """The streamed event sequence: ``message_start``, ``content_block_start``, a
-    ``content_block_delta`` per piece of text, ``content_block_stop``, ``message_delta`` (stop
-    reason, output tokens), ``message_stop``; an ``error`` event if generation fails."""
-    running, done = started.running, started.done
-    try:
-        yield _event(
-            "message_start", {"message": message(message_id, model, None, None, usage(done, 0, stored))}
-        )
-        yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-        async for event in running:
-            if isinstance(event, TokenDelta) and event.text:
-                yield _event(
-                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": event.text}}
-                )
-            elif isinstance(event, Finished):
-                if event.text:
-                    yield _event(
-                        "content_block_delta",
-                        {"index": 0, "delta": {"type": "text_delta", "text": event.text}},
-                    )
-                yield _event("content_block_stop", {"index": 0})
-                delta = {"stop_reason": stop_reason(event), "stop_sequence": event.stop_sequence}
-                yield _event(
-                    "message_delta", {"delta": delta, "usage": {"output_tokens": event.completion_tokens}}
-                )
-                yield _event("message_stop", {})
-            elif isinstance(event, Failed):
-                yield _event("error", {"error": {"type": "api_error", "message": "internal server error"}})
-    finally:
-        running.cancel()
-
-
-def _event(kind: str, data: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind} | data, ensure_ascii=False)}\n\n"

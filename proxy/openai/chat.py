@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -10,14 +11,19 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
+from proxy.http.errors import OpenAIError
 from proxy.openai.logprobs import chat_logprobs
 from proxy.openai.protocol import ChatCompletionRequest
+from proxy.openai.tools import answer_schema, chat_tools, delta
 from proxy.serving.ahead import chat_boundaries, render_ahead
-from proxy.serving.prompts import chat_prompt_ids
+from proxy.serving.prompts import ChatPrompt, chat_prompt
 from proxy.serving.running import complete, start
 from proxy.serving.streaming import event_stream, json_response, new_id, now, sse_stream
 from proxy.serving.validation import check_request, generation_request
 from proxy.state import EngineDep, SettingsDep
+from proxy.tools.answer import AnswerPlan, plan_answer
+from proxy.tools.prompt import tools_span
+from proxy.tools.spec import Piece
 
 router = APIRouter()
 
@@ -31,68 +37,100 @@ async def chat_completions(
     tenant: Tenant,
 ) -> Any:
     check_request(engine, body)
-    messages, data = body.template_messages(), body.chat_template_kwargs
+    tools, schema = chat_tools(body), answer_schema(body)
+    if schema is not None and tools is not None and tools.mode != "none":
+        raise OpenAIError(
+            400,
+            "response_format with callable tools is not supported; send one or the other",
+            param="response_format",
+        )
 
-    def prompt() -> tuple[list[int], tuple[int, ...]]:
-        ids = chat_prompt_ids(engine, body)
-        return ids, chat_boundaries(engine, messages, ids, data)
+    def prepare() -> tuple[ChatPrompt, tuple[int, ...], AnswerPlan]:
+        prompt = chat_prompt(engine, body, tools)
+        boundaries = chat_boundaries(engine, prompt.messages, prompt.ids, prompt.data, prompt.tools)
+        plan = plan_answer(
+            engine, tools, schema, "response_format.json_schema.schema", "tools[{i}].function.parameters"
+        )
+        return prompt, boundaries, plan
 
-    prompt_ids, boundaries = await run_in_threadpool(prompt)  # NOTE: big prompts take a while
+    prompt, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    generation = generation_request(engine, settings, tenant, body, prompt_ids, max_tokens, top)
-    generation = dataclasses.replace(generation, boundaries=boundaries)
-    started = await start(
-        request, engine, generation, render_ahead(engine, settings, messages, generation, data)
-    )
+    generation = generation_request(engine, settings, tenant, body, prompt.ids, max_tokens, top)
+    generation = dataclasses.replace(generation, boundaries=boundaries, grammar=plan.grammar)
+    ahead = render_ahead(engine, settings, prompt.messages, generation, prompt.data, prompt.tools)
+    span = None
+    if tools is not None:
+        tokenizer, fmt, raw = engine.loaded.tokenizer, plan.format, body.template_messages()
+        span = partial(tools_span, tokenizer, raw, tools, fmt, prompt.ids, prompt.data)
+    started = await start(request, engine, generation, ahead, span)
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
         return chat_logprobs(engine.loaded.tokenizer, tokens) if body.logprobs and tokens else None
 
+    def choice_of(
+        fields: dict[str, Any], tokens: list[TokenDelta], finish_reason: str | None
+    ) -> dict[str, Any]:
+        choice = fields | {"logprobs": logprobs(tokens), "finish_reason": finish_reason}
+        if body.return_token_ids:
+            choice["token_ids"] = [t.token_id for t in tokens]
+        return {"index": 0} | choice
+
     if body.stream:
-        sent_role = False
+        sent_role, answer = False, plan.stream()
 
         def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
             nonlocal sent_role
-            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if finish_reason is None:
+                pieces = answer.feed(text) if text is not None else []
+            else:
+                pieces, calls = answer.finish("")
+                finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
+            fields = merged(pieces)
             if not sent_role:
-                delta["role"], sent_role = "assistant", True
-            choice = {
-                "index": 0,
-                "delta": delta,
-                "logprobs": logprobs(tokens),
-                "finish_reason": finish_reason,
-            }
-            if body.return_token_ids:
-                choice["token_ids"] = [t.token_id for t in tokens]
+                fields["role"], sent_role = "assistant", True
             return {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": body.model,
-                "choices": [choice],
+                "choices": [choice_of({"delta": fields}, tokens, finish_reason)],
             }
 
         stream = sse_stream(started, chunk, body.include_usage, every_token=body.logprobs)
         return event_stream(started, stream)
 
     result = await complete(started, request)
-    message = {"role": "assistant", "content": result.text}
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": logprobs(result.tokens),
-        "finish_reason": result.finish_reason,
-    }
-    if body.return_token_ids:
-        choice["token_ids"] = [t.token_id for t in result.tokens]
+    content, calls = plan.read(result.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content or None if calls else content}
+    finish_reason = result.finish_reason
+    if calls:
+        message["tool_calls"] = [call.as_openai() for call in calls]
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
     response = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": body.model,
-        "choices": [choice],
+        "choices": [choice_of({"message": message}, result.tokens, finish_reason)],
         "usage": result.usage,
     }
     return json_response(started, response)
+
+
+def merged(pieces: list[Piece]) -> dict[str, Any]:
+    """Pieces of a streamed answer as one chunk's ``delta`` (calls merged by index)."""
+    fields: dict[str, Any] = {}
+    for piece in pieces:
+        part = delta(piece)
+        if "content" in part:
+            fields["content"] = fields.get("content", "") + part["content"]
+        for call in part.get("tool_calls", []):
+            calls = fields.setdefault("tool_calls", [])
+            same = next((c for c in calls if c["index"] == call["index"]), None)
+            if same is None:
+                calls.append(call)
+            else:
+                same["function"]["arguments"] += call["function"]["arguments"]
+    return fields

@@ -125,6 +125,7 @@ class SamplingFields(_Lenient):
 
 class ResponseFormat(_Lenient):
     type: str
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -137,6 +138,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Data for the chat template (``proxy.serving.rendering.template_data``)."
     )
@@ -145,16 +149,12 @@ class ChatCompletionRequest(SamplingFields):
         """``(param, reason)`` for the first field this server cannot honour, if any."""
         if (common := super().unsupported_field()) is not None:
             return common
-        for name in ("tools", "functions", "audio"):
+        for name in ("functions", "function_call", "audio"):
             if getattr(self, name, None):  # extra fields land as attributes
-                return name, f"`{name}` is not supported by this server"
+                hint = "; send `tools`" if name.startswith("function") else ""
+                return name, f"`{name}` is not supported by this server{hint}"
         if self.model_extra and self.model_extra.get("modalities") not in (None, ["text"]):
             return "modalities", "only text output is supported"
-        if self.response_format is not None and self.response_format.type != "text":
-            return (
-                "response_format",
-                f"response_format `{self.response_format.type}` is not supported; use `text`",
-            )
         return unsupported_content(self.messages)
 
 

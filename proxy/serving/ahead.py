@@ -31,6 +31,7 @@ def next_turn_start(
     messages: Sequence[dict[str, Any]],
     answer: str,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The token ids every next prompt of this chat starts with, once ``answer`` is the
     assistant's message after ``messages`` (empty when the template cannot render it)."""
@@ -38,7 +39,10 @@ def next_turn_start(
     try:
         a, b = (
             render_chat(
-                tokenizer, [*history, {"role": "user", "content": probe}], template_kwargs=template_kwargs
+                tokenizer,
+                [*history, {"role": "user", "content": probe}],
+                tools=tools,
+                template_kwargs=template_kwargs,
             )
             for probe in _PROBES
         )
@@ -53,6 +57,7 @@ def system_boundary(
     messages: Sequence[dict[str, Any]],
     prompt_ids: Sequence[int],
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[int, ...]:
     """The prompt position (tokens) where the leading system messages end, when the template
     renders them alone as the start of ``prompt_ids``; else none."""
@@ -61,7 +66,11 @@ def system_boundary(
         return ()
     try:
         ids = render_chat(
-            tokenizer, messages[:leading], add_generation_prompt=False, template_kwargs=template_kwargs
+            tokenizer,
+            messages[:leading],
+            add_generation_prompt=False,
+            tools=tools,
+            template_kwargs=template_kwargs,
         )
     except RenderError:
         return ()
@@ -69,10 +78,14 @@ def system_boundary(
 
 
 def chat_boundaries(
-    engine: Engine, messages: Sequence[dict[str, Any]], prompt_ids: Sequence[int], data: dict[str, Any] | None
+    engine: Engine,
+    messages: Sequence[dict[str, Any]],
+    prompt_ids: Sequence[int],
+    data: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[int, ...]:
     """``system_boundary`` of a chat request on ``engine``'s model."""
-    return system_boundary(engine.loaded.tokenizer, messages, prompt_ids, data)
+    return system_boundary(engine.loaded.tokenizer, messages, prompt_ids, data, tools)
 
 
 def render_ahead(
@@ -81,6 +94,7 @@ def render_ahead(
     messages: Sequence[dict[str, Any]],
     generation: GenerationRequest,
     data: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Callable[[str], object] | None:
     """What ``proxy.serving.running.start`` calls with a chat turn's answer: the next turn's
     start, rendered on a worker thread, handed to the engine (``Engine.render_ahead``) with the
@@ -90,7 +104,7 @@ def render_ahead(
     loop = asyncio.get_running_loop()
 
     def job(answer: str) -> None:
-        ids = next_turn_start(engine.loaded.tokenizer, messages, answer, data)
+        ids = next_turn_start(engine.loaded.tokenizer, messages, answer, data, tools)
         if len(ids) > len(generation.prompt_ids):
             ttls = generation.cache_ttl_s
             engine.render_ahead(

@@ -25,6 +25,8 @@ from store.outcomes import MissReason
 EXPLAIN_HEADER = "x-kvproxy-explain"
 EXPLANATION_FIELD = "kvproxy_cache_explanation"
 EXCERPT_TOKENS = 8
+TOOLS_CHANGED = "tools changed"
+"""The reason of a miss whose first differing token is in the tool definitions."""
 
 # NOTE: no divergence for these: nothing was compared, or the cache could not be asked.
 _NOTHING_TO_COMPARE = (MissReason.BELOW_ONE_BLOCK, MissReason.PARTIAL_LAST_BLOCK, MissReason.UNAVAILABLE)
@@ -45,9 +47,13 @@ async def explain(
     prompt_ids: Sequence[int],
     done: PrefillDone,
     with_text: bool = True,
+    tools: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The explanation of one request's cache outcome (see the module docstring); ``with_text``
-    False leaves the cached side's text out of a divergence (its position stays)."""
+    False leaves the cached side's text out of a divergence (its position stays). ``tools`` is
+    where the tool definitions are in the prompt (``proxy.tools.prompt.tools_span``): a
+    divergence inside them is reported as ``"reason": "tools changed"``, in the first block too
+    (then without the cached side's text: it may be another conversation's)."""
     block, reason = done.first_miss
     out: dict[str, Any] = {
         "cache": done.kind,
@@ -63,13 +69,19 @@ async def explain(
         "load_seconds": round(done.load_s, 6),
         "prefill_seconds": round(done.prefill_s, 6),
     }
-    # NOTE: no divergence for block 0: comparing with an unrelated first block says nothing, and
-    # would show text of other requests to a client that knows none of the prompt.
-    if cache is None or not block or reason in _NOTHING_TO_COMPARE:
+    # NOTE: no divergence for block 0 (unless the tools are in it): comparing with an unrelated
+    # first block says nothing, and would show text of other requests to a client that knows none
+    # of the prompt.
+    if cache is None or block is None or reason in _NOTHING_TO_COMPARE:
+        return out
+    if not block and (tools is None or not tools[0] < min(tools[1], BLOCK_SIZE)):
         return out
     found = await run_in_threadpool(cache.divergence, loaded.namespace(tenant), prompt_ids, block)
     if found is not None:
         position, sibling = found
+        if tools is not None and tools[0] <= position < tools[1]:
+            out["reason"] = TOOLS_CHANGED
+        with_text = with_text and block > 0
         cached_seq = list(prompt_ids[: block * BLOCK_SIZE]) + sibling
         span = slice(max(0, position - EXCERPT_TOKENS), position + EXCERPT_TOKENS)
         decode = loaded.tokenizer.decode

@@ -9,25 +9,44 @@ id prompts are checked against the vocabulary. Every fault is a 400 naming the f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.worker import Engine
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
 from proxy.serving.rendering import RenderError, render_chat, render_messages
+from proxy.tools.formats import tool_format
+from proxy.tools.prompt import tool_messages
+from proxy.tools.spec import ToolSet
 
 
-def chat_prompt_ids(engine: Engine, body: ChatCompletionRequest) -> list[int]:
-    """A chat completion's messages rendered with the generation prompt.
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat as rendered: its token ids, the messages and tool definitions the template got
+    (``proxy.tools.prompt``), and the template's data."""
+
+    ids: list[int]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    data: dict[str, Any] | None
+
+
+def chat_prompt(engine: Engine, body: ChatCompletionRequest, tools: ToolSet | None) -> ChatPrompt:
+    """A chat completion's messages and ``tools`` rendered with the generation prompt.
 
     Raises:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
+    tokenizer = engine.loaded.tokenizer
+    messages, template_tools = tool_messages(body.template_messages(), tools, tool_format(tokenizer))
     try:
-        messages, data = body.template_messages(), body.chat_template_kwargs
-        return render_chat(engine.loaded.tokenizer, messages, template_kwargs=data)
+        ids = render_chat(
+            tokenizer, messages, tools=template_tools, template_kwargs=body.chat_template_kwargs
+        )
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
+    return ChatPrompt(ids, messages, template_tools, body.chat_template_kwargs)
 
 
 def messages_prompt_ids(

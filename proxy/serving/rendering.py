@@ -57,9 +57,18 @@ def render_chat(
         raise RenderError("messages", "this model has no chat template; use /v1/completions")
     hidden: list[str] = []
     nonce = secrets.token_hex(8)
+    # NOTE: tool definitions and calls are text from the request too
     protected = [
-        dict(m) | {"content": _protect(tokenizer, m.get("content"), hidden, nonce)} for m in messages
+        dict(m)
+        | {"content": _protect(tokenizer, m.get("content"), hidden, nonce)}
+        | (
+            {"tool_calls": _protect_data(tokenizer, m["tool_calls"], hidden, nonce)}
+            if m.get("tool_calls")
+            else {}
+        )
+        for m in messages
     ]
+    tools = None if tools is None else _protect_data(tokenizer, tools, hidden, nonce)
     for i, message in enumerate(protected):
         for field in ("tool_calls", "function_call"):
             if message.get(field) and not supports_tools(tokenizer):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from engine.requests import (
     EngineBusy,
@@ -120,9 +121,11 @@ async def start(
     engine: Engine,
     generation: GenerationRequest,
     ahead: Callable[[str], object] | None = None,
+    tools_span: Callable[[], tuple[int, int]] | None = None,
 ) -> Started:
     """Submit a request and wait until its prompt is computed; record its metrics; once it ends
     (not cancelled), call ``ahead`` with its whole text (``proxy.serving.ahead.render_ahead``).
+    ``tools_span`` gives where the tool definitions are, for an explanation (computed only then).
 
     A client that goes away meanwhile cancels the request.
 
@@ -152,8 +155,15 @@ async def start(
     running.on_finished(finished)
     explanation = None
     if request.headers.get(EXPLAIN_HEADER) == "1":
+        tools = None if tools_span is None else await run_in_threadpool(tools_span)
         explanation = await explain(
-            engine.loaded, app.cache, generation.tenant, generation.prompt_ids, event, reads_own_text(request)
+            engine.loaded,
+            app.cache,
+            generation.tenant,
+            generation.prompt_ids,
+            event,
+            reads_own_text(request),
+            tools,
         )
     return Started(running, event, cache_headers(event), explanation)
 

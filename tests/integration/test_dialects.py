@@ -28,7 +28,7 @@ def ask(server, question: str, ttl: str = "5m", **extra):
     return client(server).messages.create(
         model="tiny",
         max_tokens=12,
-        temperature=0,
+        extra_body={"temperature": 0},
         system=system,
         messages=[{"role": "user", "content": question}],
         **extra,
@@ -74,7 +74,7 @@ def test_anthropic_streaming_and_async_agree(cached) -> None:
     with client(cached.server).messages.stream(
         model="tiny",
         max_tokens=12,
-        temperature=0,
+        extra_body={"temperature": 0},
         system=SYSTEM,
         messages=[{"role": "user", "content": QUESTIONS[0]}],
     ) as stream:
@@ -86,7 +86,7 @@ def test_anthropic_streaming_and_async_agree(cached) -> None:
             return await aclient.messages.create(
                 model="tiny",
                 max_tokens=12,
-                temperature=0,
+                extra_body={"temperature": 0},
                 system=SYSTEM,
                 messages=[{"role": "user", "content": QUESTIONS[0]}],
             )
@@ -121,13 +121,13 @@ def test_cache_control_ttl_applies_to_the_blocks_it_covers(
 
 
 def test_anthropic_errors_name_the_field(cached) -> None:
-    """Tools, images and thinking are 400 in Anthropic's error shape naming the field; an unknown
+    """Server tools, images and thinking are 400 in Anthropic's error shape naming the field; an unknown
     model is a 404; bodies are validated as the Messages API does."""
     base = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
     bad_ttl = {"type": "ephemeral", "ttl": "2h"}
     cases = [
-        (base | {"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400, "tools"),
+        (base | {"tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools[0].type"),
         (base | {"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
         (base | {"messages": [{"role": "user", "content": [image]}]}, 400, "messages[0].content[0].type"),
         (base | {"model": "nope"}, 404, "nope"),
@@ -155,7 +155,7 @@ def test_anthropic_errors_name_the_field(cached) -> None:
         assert doc["type"] == "error" and set(doc["error"]) == {"type", "message"}
         assert named in doc["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
-        client(cached.server).messages.create(**base | {"temperature": 3})
+        client(cached.server).messages.create(**base, extra_body={"temperature": 3})
     answer = client(cached.server).messages.create(**base, thinking={"type": "disabled"})
     assert answer.id.startswith("msg_") and answer.usage.output_tokens > 0
 

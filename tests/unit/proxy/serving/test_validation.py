@@ -21,8 +21,7 @@ def test_retention_is_the_server_ttl_or_a_day_capped_by_max_ttl() -> None:
     ("body", "param"),
     [
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],

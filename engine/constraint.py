@@ -1,0 +1,84 @@
+"""Grammar-constrained decoding: a sequence's next tokens masked to those its grammar allows.
+
+The grammar is llguidance's (Lark with embedded JSON schemas, or one JSON schema; built by the
+server, ``proxy.tools``). llguidance computes, per step, the set of tokens that keep the output
+a prefix of some sentence of the grammar; the sampler then draws only among them. The mask is
+applied to one sequence's row of logits, on a copy: the other rows of a batched decode step are
+never touched, so an unconstrained request's tokens are what they are without any grammar.
+
+Source: llguidance's ``LLMatcher`` (guidance-ai/llguidance), the engine used by llama.cpp's,
+vLLM's and SGLang's structured output.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+
+
+class GrammarError(ValueError):
+    """A grammar llguidance cannot compile (an unsupported schema feature, a bad pattern)."""
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
+    """llguidance's view of a transformers fast tokenizer, with ``vocab_size`` entries (the
+    model's logits, which may be longer than the tokenizer's vocabulary). Built once (~1 s)."""
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+
+
+def check_grammar(tokenizer: Any, vocab_size: int, grammar: str) -> None:
+    """Compile ``grammar`` once against the tokenizer.
+
+    Raises:
+        GrammarError: llguidance's message, e.g. ``Unimplemented keys: ["not"]``.
+    """
+    error = llguidance.LLMatcher.validate_grammar(grammar, _tokenizer(tokenizer, vocab_size))
+    if error:
+        raise GrammarError(error)
+
+
+class Constraint:
+    """One sequence's grammar state: which tokens may come next, advanced by each sampled token.
+
+    Args:
+        tokenizer: the model's transformers (fast) tokenizer.
+        vocab_size: the length of a logits row.
+        grammar: an llguidance grammar (``llguidance.LLMatcher.grammar_from_*``).
+        eos_token_ids: the model's end tokens; allowed exactly where the grammar may end.
+
+    Raises:
+        GrammarError: the grammar does not compile.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, grammar: str, eos_token_ids: frozenset[int]) -> None:
+        self._matcher = llguidance.LLMatcher(_tokenizer(tokenizer, vocab_size), grammar, log_level=0)
+        if self._matcher.is_error():
+            raise GrammarError(self._matcher.get_error())
+        self._eos = sorted(eos_token_ids)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``[vocab_size]`` with every token the grammar forbids at ``-inf`` (a copy).
+
+        The model's end tokens are allowed where the grammar is complete, and only there.
+        """
+        allowed = torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8)
+        allowed = allowed.to(logits.device)[: logits.shape[-1]].bool()
+        if self._eos:
+            allowed[self._eos] = self._matcher.is_accepting()
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token`` (an end token ends the grammar)."""
+        if token not in self._eos:
+            self._matcher.consume_token(token)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing more may follow: the output is a whole sentence of the grammar (or the matcher
+        failed, which a masked sampler cannot cause); the sequence ends here."""
+        return self._matcher.is_stopped()

@@ -1,0 +1,97 @@
+"""OpenAI's tool fields (``tools``, ``tool_choice``, ``parallel_tool_calls``) and
+``response_format`` as kvproxy's ``ToolSet`` and JSON Schema; the reply's ``tool_calls``.
+
+Source: the OpenAI API reference, Chat Completions (function tools; structured outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from proxy.http.errors import OpenAIError
+from proxy.openai.protocol import ChatCompletionRequest
+from proxy.tools import grammars
+from proxy.tools.spec import Arguments, CallStart, Mode, Piece, ToolSet, make_tool, tool_set
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def chat_tools(body: ChatCompletionRequest) -> ToolSet | None:
+    """The request's tools and tool choice (None without tools).
+
+    Raises:
+        OpenAIError: 400 naming the field: a tool that is not a function, a bad definition, a
+            tool choice that is not ``auto``/``none``/``required`` or a named function.
+    """
+    tools = []
+    for i, tool in enumerate(body.tools or []):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise OpenAIError(
+                400,
+                f"tools of type `{kind}` are not supported; send function tools",
+                param=f"tools[{i}].type",
+            )
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise OpenAIError(400, "a function tool has a `function` object", param=f"tools[{i}].function")
+        param = f"tools[{i}].function"
+        tools.append(
+            make_tool(function.get("name"), function.get("description"), function.get("parameters"), param)
+        )
+    choice, name = body.tool_choice or "auto", None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(function, dict):
+            raise OpenAIError(
+                400, "a named tool choice is {type: function, function: {name}}", param="tool_choice"
+            )
+        choice, name = "named", function.get("name")
+    if choice not in ("auto", "none", "required", "named"):
+        raise OpenAIError(
+            400, f"tool_choice `{choice}` is not one of auto, none, required", param="tool_choice"
+        )
+    if not tools and choice in ("auto", "none"):
+        return None
+    return tool_set(tools, cast(Mode, choice), name, body.parallel_tool_calls, "tool_choice")
+
+
+def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The JSON Schema ``response_format`` asks the answer to follow (None: free text).
+
+    Raises:
+        OpenAIError: 400 naming the field: another type, a ``json_schema`` without a schema.
+    """
+    form = body.response_format
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return ANY_OBJECT
+    if form.type != "json_schema":
+        raise OpenAIError(
+            400,
+            f"response_format `{form.type}` is not one of text, json_object, json_schema",
+            param="response_format.type",
+        )
+    spec = form.json_schema if isinstance(form.json_schema, dict) else {}
+    schema = spec.get("schema", ANY_OBJECT)
+    if not isinstance(schema, dict):
+        raise OpenAIError(
+            400, "json_schema.schema is a JSON Schema object", param="response_format.json_schema.schema"
+        )
+    return grammars.closed(schema) if spec.get("strict") else schema
+
+
+def delta(piece: Piece) -> dict[str, Any]:
+    """One streamed piece of an answer as a chunk's ``delta``."""
+    if isinstance(piece, CallStart):
+        call = {
+            "index": piece.index,
+            "id": piece.id,
+            "type": "function",
+            "function": {"name": piece.name, "arguments": ""},
+        }
+        return {"tool_calls": [call]}
+    if isinstance(piece, Arguments):
+        return {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.text}}]}
+    return {"content": piece.text}

@@ -1,0 +1,126 @@
+"""How a request's answer is asked for and read back: the grammar it is decoded under, and its
+text split into content and tool calls, whole or while it streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.constraint import GrammarError, check_grammar
+from engine.worker import Engine
+from proxy.http.errors import OpenAIError
+from proxy.tools import grammars
+from proxy.tools.formats import Parsed, ToolFormat, tool_format
+from proxy.tools.spec import Arguments, CallStart, Piece, Text, ToolCall, ToolSet, call_id
+
+
+@dataclass(frozen=True)
+class AnswerPlan:
+    """A request's answer: its format, its tools (None: no tools), its grammar (None: free)."""
+
+    format: ToolFormat
+    tools: ToolSet | None = None
+    grammar: str | None = None
+    id_prefix: str = "call_"
+
+    @property
+    def reads_calls(self) -> bool:
+        """Whether the answer is read as calls and text (else it is all text)."""
+        return self.tools is not None and (not self.format.native or self.tools.mode != "none")
+
+    def read(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A whole answer: its text and its calls (none when they are not well formed)."""
+        if not self.reads_calls:
+            return text, []
+        assert self.tools is not None
+        parsed = self.format.parse(text, self.tools)
+        return parsed.content, [ToolCall(call_id(self.id_prefix), n, a) for n, a, _ in parsed.calls]
+
+    def stream(self) -> AnswerStream:
+        return AnswerStream(self)
+
+
+@dataclass
+class AnswerStream:
+    """An answer read as it streams: ``feed`` each text delta, ``finish`` with the rest; both
+    return the pieces not said before (each call's id is made once, at its start)."""
+
+    plan: AnswerPlan
+    text: str = ""
+    said: int = 0
+    calls: list[list[Any]] = field(default_factory=list)  # [id, name, arguments said]
+
+    def feed(self, delta: str) -> list[Piece]:
+        self.text += delta
+        if not self.plan.reads_calls:
+            return self._diff(Parsed(self.text))
+        return self._diff(self.plan.format.partial(self.text))
+
+    def finish(self, rest: str) -> tuple[list[Piece], list[ToolCall]]:
+        """The last pieces, and the answer's calls."""
+        self.text += rest
+        if not self.plan.reads_calls:
+            return self._diff(Parsed(self.text)), []
+        assert self.plan.tools is not None
+        parsed = self.plan.format.parse(self.text, self.plan.tools)
+        pieces = self._diff(parsed)
+        calls = [ToolCall(c[0], c[1], a) for c, (_, a, _) in zip(self.calls, parsed.calls, strict=False)]
+        return pieces, calls
+
+    def _diff(self, parsed: Parsed) -> list[Piece]:
+        pieces: list[Piece] = []
+        if len(parsed.content) > self.said:
+            pieces.append(Text(parsed.content[self.said :]))
+            self.said = len(parsed.content)
+        for i, (name, arguments, _) in enumerate(parsed.calls):
+            if i == len(self.calls):
+                self.calls.append([call_id(self.plan.id_prefix), name, 0])
+                pieces.append(CallStart(i, self.calls[i][0], name))
+            if len(arguments) > self.calls[i][2]:
+                pieces.append(Arguments(i, arguments[self.calls[i][2] :]))
+                self.calls[i][2] = len(arguments)
+        return pieces
+
+
+def plan_answer(
+    engine: Engine,
+    tools: ToolSet | None,
+    schema: dict[str, Any] | None,
+    schema_param: str,
+    tools_param: str,
+    id_prefix: str = "call_",
+) -> AnswerPlan:
+    """The plan of a request with these tools and, for a JSON answer, this ``schema``; every
+    grammar compiled for the model (run it off the event loop: the first compile is slow).
+
+    Raises:
+        OpenAIError: 400 naming the tool (``tools_param`` with ``{i}``) or ``schema_param`` whose
+            schema cannot be enforced.
+    """
+    fmt = tool_format(engine.loaded.tokenizer)
+    if tools is not None:
+        for i, tool in enumerate(tools.tools):
+            check(engine, grammars.json_grammar(grammars.closed(tool.parameters)), tools_param.format(i=i))
+    grammar = None
+    if schema is not None:
+        grammar = grammars.json_grammar(schema)
+        check(engine, grammar, schema_param)
+    elif tools is not None:
+        grammar = fmt.grammar(tools)
+        if grammar is not None:
+            check(engine, grammar, "tools")
+    return AnswerPlan(fmt, tools, grammar, id_prefix)
+
+
+def check(engine: Engine, grammar: str, param: str) -> None:
+    """Compile ``grammar`` for the served model (slow the first time: run it off the event loop).
+
+    Raises:
+        OpenAIError: 400 naming ``param`` with llguidance's message (a schema feature it does not
+            support, a bad ``pattern``).
+    """
+    loaded = engine.loaded
+    try:
+        check_grammar(loaded.tokenizer, loaded.model.config.vocab_size, grammar)
+    except GrammarError as exc:
+        raise OpenAIError(400, f"this schema cannot be enforced: {exc}", param=param) from exc

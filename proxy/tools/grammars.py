@@ -1,0 +1,65 @@
+"""The grammars constrained answers are decoded under (llguidance's format, ``engine.constraint``).
+
+Every JSON value is written compactly on one line with ``", "`` and ``": "`` separators (the form
+``proxy.tools.spec.dumps`` writes): no free whitespace for a model to loop in, and an answer the
+prompt of the next turn shows token for token as it was generated.
+
+Source: llguidance's grammar syntax (Lark with ``%json{schema}`` embedded) and its JSON Schema
+support (guidance-ai/llguidance, docs/syntax.md and docs/json_schema.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+
+from proxy.tools.spec import Tool, dumps
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""llguidance's JSON options: compact, with the separators of ``json.dumps``."""
+
+
+def json_grammar(schema: dict[str, Any]) -> str:
+    """A whole answer that is one JSON value of ``schema``."""
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+
+
+def embedded(schema: dict[str, Any]) -> str:
+    """``schema`` as a Lark ``%json`` item, with the compact options."""
+    return "%json " + json.dumps(schema | {"x-guidance": JSON_OPTIONS})
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``"additionalProperties": false`` on every object schema that lists its
+    ``properties`` and says nothing of others: the grammar of a call's arguments (and of a
+    ``strict`` answer, as OpenAI's structured outputs define it) writes only the named ones, so a
+    model cannot invent a parameter the function does not take."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def literal(text: str) -> str:
+    """``text`` as a Lark string literal."""
+    return json.dumps(text)
+
+
+def call_rules(tools: tuple[Tool, ...], arguments_key: str = "arguments") -> str:
+    """Lark rules: ``call`` is ``{"name": "<a tool>", "<arguments_key>": <its arguments>}``."""
+    rules = [f"call: {' | '.join(f'call_{i}' for i in range(len(tools)))}"]
+    for i, tool in enumerate(tools):
+        head = dumps({"name": tool.name})[:-1] + f', "{arguments_key}": '
+        rules.append(f"call_{i}: {literal(head)} {embedded(closed(tool.parameters))} {literal('}')}")
+    return "\n".join(rules)
+
+
+def lark_grammar(rules: str) -> str:
+    return llguidance.LLMatcher.grammar_from_lark(rules)

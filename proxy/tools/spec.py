@@ -1,0 +1,155 @@
+"""Tools as kvproxy holds them, whatever the dialect: the tool list, the tool choice, the calls.
+
+OpenAI's ``tools``/``tool_choice``/``parallel_tool_calls`` and Anthropic's ``tools``/
+``tool_choice`` both become a ``ToolSet``. Tool definitions are made canonical (every object's
+keys sorted, recursively), so the same tools sent in another key order or formatting render to
+the same prompt tokens and an agent's prefix stays cached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.http.errors import OpenAIError
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A function name, as OpenAI's reference defines it (Anthropic's is the same set)."""
+
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+Mode = Literal["auto", "none", "required", "named"]
+
+
+def canonical(value: Any) -> Any:
+    """``value`` with every object's keys in sorted order (lists keep theirs)."""
+    if isinstance(value, dict):
+        return {k: canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+def dumps(value: Any) -> str:
+    """JSON as the grammars write it and the prompts show it: ``", "`` and ``": "`` separators,
+    non-ASCII characters as they are."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function tool: its name, description and JSON Schema of arguments (canonical)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def as_openai(self) -> dict[str, Any]:
+        """The definition as chat templates take it (OpenAI's shape), keys sorted."""
+        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return canonical({"type": "function", "function": function})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: an id, the tool's name, and its arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Arguments:
+    index: int
+    text: str
+
+
+Piece = Text | CallStart | Arguments
+"""What a streamed answer says next: text, a call's start (id, name), or its arguments' JSON."""
+
+
+def call_id(prefix: str = "call_") -> str:
+    """A new call id: ``call_...`` (OpenAI's style) or ``toolu_...`` (Anthropic's)."""
+    return prefix + secrets.token_hex(12)
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    """A request's tools and how it lets the model use them.
+
+    Attributes:
+        tools: the definitions, in the request's order.
+        mode: ``auto`` (the model chooses), ``none`` (no call), ``required`` (at least one call),
+            ``named`` (a call of ``name``).
+        name: the tool ``named`` requires.
+        parallel: whether one answer may hold several calls; None when the request does not say
+            (the format decides: ``proxy.tools.formats``).
+    """
+
+    tools: tuple[Tool, ...]
+    mode: Mode = "auto"
+    name: str | None = None
+    parallel: bool | None = None
+
+    @property
+    def callable(self) -> tuple[Tool, ...]:
+        """The tools the answer may call."""
+        if self.mode == "none":
+            return ()
+        return tuple(t for t in self.tools if self.mode != "named" or t.name == self.name)
+
+
+def make_tool(name: Any, description: Any, parameters: Any, param: str) -> Tool:
+    """A ``Tool`` from a definition's fields; ``param`` is where it is in the body.
+
+    Raises:
+        OpenAIError: 400 naming the field: a bad name, or parameters that are not an object.
+    """
+    if not isinstance(name, str) or not NAME.match(name):
+        raise OpenAIError(400, "a tool name is 1-64 letters, digits, '_' or '-'", param=f"{param}.name")
+    if parameters is None:
+        parameters = EMPTY_PARAMETERS
+    if not isinstance(parameters, dict):
+        raise OpenAIError(400, "a tool's parameters are a JSON Schema object", param=f"{param}.parameters")
+    if description is not None and not isinstance(description, str):
+        raise OpenAIError(400, "a tool's description is a string", param=f"{param}.description")
+    return Tool(name, description or "", canonical(parameters))
+
+
+def tool_set(tools: list[Tool], mode: Mode, name: str | None, parallel: bool | None, param: str) -> ToolSet:
+    """Check names are distinct and a named choice names one of them.
+
+    Raises:
+        OpenAIError: 400 naming ``param`` (the tool choice) or the repeated tool.
+    """
+    names = [t.name for t in tools]
+    if (twice := next((n for n in names if names.count(n) > 1), None)) is not None:
+        raise OpenAIError(400, f"tool `{twice}` is defined twice", param="tools")
+    if mode in ("required", "named") and not tools:
+        raise OpenAIError(400, "a tool choice that calls a tool needs `tools`", param=param)
+    if mode == "named" and name not in names:
+        raise OpenAIError(400, f"tool choice names `{name}`, which is not in `tools`", param=param)
+    return ToolSet(tuple(tools), mode, name, parallel)
