@@ -69,7 +69,8 @@ class Constraint:
         allowed = torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8)
         allowed = allowed.to(logits.device)[: logits.shape[-1]].bool()
         if self._eos:
-            allowed[self._eos] = self._matcher.is_accepting()
+            # NOTE: and where no token can go on (text only a control token spells): the end
+            allowed[self._eos] = self._matcher.is_accepting() or not allowed.any()
         return logits.masked_fill(~allowed, float("-inf"))
 
     def accept(self, token: int) -> None:

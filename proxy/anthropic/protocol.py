@@ -74,15 +74,31 @@ class MessagesRequest(_Lenient):
                     f"system[{i}].type",
                     f"system blocks of type `{block.type}` are not supported; send text",
                 )
+        made: set[Any] = set()
         for i, message in enumerate(self.messages):
             allowed = BLOCK_TYPES[message.role]
             for j, block in enumerate(message.blocks()):
+                extra = block.model_extra or {}
+                if block.type == "tool_use":
+                    made.add(extra.get("id"))
+                if block.type == "tool_result" and extra.get("tool_use_id") not in made:
+                    return (
+                        f"messages[{i}].content[{j}].tool_use_id",
+                        "a tool_result answers a tool_use block before it (its tool_use_id)",
+                    )
                 if block.type not in allowed:
                     return (
                         f"messages[{i}].content[{j}].type",
                         f"{message.role} content blocks of type `{block.type}` are not supported; "
                         f"send {', '.join(allowed)}",
                     )
+                inner = (block.model_extra or {}).get("content") if block.type == "tool_result" else None
+                for k, part in enumerate(inner if isinstance(inner, list) else []):
+                    if not isinstance(part, dict) or part.get("type") != "text":
+                        return (
+                            f"messages[{i}].content[{j}].content[{k}].type",
+                            "tool results other than text are not supported; send text",
+                        )
         return None
 
     def template_messages(self) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:

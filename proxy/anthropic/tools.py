@@ -35,7 +35,8 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
                 400, f"tools of type `{kind}` are not supported; send custom tools", param=f"tools[{i}].type"
             )
         param = f"tools[{i}]"
-        defined.append(make_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), param))
+        fields = (tool.get("name"), tool.get("description"), tool.get("input_schema"))
+        defined.append(make_tool(*fields, param, "input_schema"))
     choice = choice or {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in CHOICES:
         raise OpenAIError(400, "tool_choice.type is one of auto, any, tool, none", param="tool_choice.type")
@@ -56,7 +57,15 @@ def content(text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
     """A reply's content blocks: its text (when there is any, or nothing else), then a
     ``tool_use`` block per call."""
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
-    return blocks + [tool_use(call.id, call.name, json.loads(call.arguments)) for call in calls]
+    return blocks + [tool_use(call.id, call.name, _input(call.arguments)) for call in calls]
+
+
+def _input(arguments: str) -> Any:
+    """A call's arguments as ``input``: an object, or ``{}`` for one cut short (``max_tokens``)."""
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
 
 
 def tool_use(call_id: str, name: str, arguments: Any) -> dict[str, Any]:

@@ -39,7 +39,9 @@ async def prewarm(
     cached (blocks, and tokens: 128 per block, then the tail's)."""
     if body.model is not None:
         check_model(engine, body.model)
-    ids = await run_in_threadpool(prompt_ids, engine, body.messages, body.prompt, body.add_generation_prompt)
+    ids = await run_in_threadpool(
+        prompt_ids, engine, body.messages, body.prompt, body.add_generation_prompt, body.tools
+    )
     check_prompt_length(engine, len(ids), "messages" if body.messages is not None else "prompt")
     ttl = min(body.ttl or settings.ttl, settings.max_ttl)
     namespace = engine.loaded.namespace(tenant)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field, StrictInt, model_validator
 
 from proxy.http.auth import DEFAULT_TENANT
@@ -16,6 +18,9 @@ class PrewarmRequest(BaseModel):
     prompt: str | list[StrictInt] | None = None
     add_generation_prompt: bool = Field(
         True, description="Render messages with the assistant's generation prompt, as chat does."
+    )
+    tools: list[Any] | None = Field(
+        None, description="OpenAI function tools of the chat (``messages``), rendered as chat renders them."
     )
     ttl: StrictInt | None = Field(
         None, gt=0, description="Seconds the blocks stay cached after their last hit (capped at --max-ttl)."

@@ -63,7 +63,9 @@ async def export(
     prompts = None
     if body.prompts is not None:
         prompts = [
-            await run_in_threadpool(prompt_ids, engine, p.messages, p.prompt, p.add_generation_prompt)
+            await run_in_threadpool(
+                prompt_ids, engine, p.messages, p.prompt, p.add_generation_prompt, p.tools
+            )
             for p in body.prompts
         ]
     out: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)

@@ -33,6 +33,7 @@ class TokenizeRequest(_Lenient):
     add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = Field(None, description="OpenAI function tools, rendered as chat renders them.")
 
 
 class DetokenizeRequest(_Lenient):
@@ -50,7 +51,12 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
         raise OpenAIError(400, "send exactly one of `messages` and `prompt`", param="messages")
     if body.messages is not None:
         ids = await run_in_threadpool(
-            messages_prompt_ids, engine, body.messages, body.add_generation_prompt, body.chat_template_kwargs
+            messages_prompt_ids,
+            engine,
+            body.messages,
+            body.add_generation_prompt,
+            body.chat_template_kwargs,
+            body.tools,
         )
     else:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens

@@ -6,12 +6,13 @@ Source: the OpenAI API reference, Chat Completions (function tools; structured o
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 from proxy.http.errors import OpenAIError
-from proxy.openai.protocol import ChatCompletionRequest
+from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
 from proxy.tools import grammars
-from proxy.tools.spec import Arguments, CallStart, Mode, Piece, ToolSet, make_tool, tool_set
+from proxy.tools.spec import Arguments, CallStart, Mode, Piece, Tool, ToolSet, make_tool, tool_set
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -23,22 +24,7 @@ def chat_tools(body: ChatCompletionRequest) -> ToolSet | None:
         OpenAIError: 400 naming the field: a tool that is not a function, a bad definition, a
             tool choice that is not ``auto``/``none``/``required`` or a named function.
     """
-    tools = []
-    for i, tool in enumerate(body.tools or []):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise OpenAIError(
-                400,
-                f"tools of type `{kind}` are not supported; send function tools",
-                param=f"tools[{i}].type",
-            )
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise OpenAIError(400, "a function tool has a `function` object", param=f"tools[{i}].function")
-        param = f"tools[{i}].function"
-        tools.append(
-            make_tool(function.get("name"), function.get("description"), function.get("parameters"), param)
-        )
+    tools = function_tools(body.tools)
     choice, name = body.tool_choice or "auto", None
     if isinstance(choice, dict):
         function = choice.get("function")
@@ -54,6 +40,64 @@ def chat_tools(body: ChatCompletionRequest) -> ToolSet | None:
     if not tools and choice in ("auto", "none"):
         return None
     return tool_set(tools, cast(Mode, choice), name, body.parallel_tool_calls, "tool_choice")
+
+
+def function_tools(definitions: list[Any] | None) -> list[Tool]:
+    """OpenAI's ``tools`` list as ``Tool``s.
+
+    Raises:
+        OpenAIError: 400 naming ``tools[i]...``: a tool that is not a function, a bad definition.
+    """
+    tools = []
+    for i, tool in enumerate(definitions or []):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise OpenAIError(
+                400,
+                f"tools of type `{kind}` are not supported; send function tools",
+                param=f"tools[{i}].type",
+            )
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise OpenAIError(400, "a function tool has a `function` object", param=f"tools[{i}].function")
+        param = f"tools[{i}].function"
+        tools.append(
+            make_tool(function.get("name"), function.get("description"), function.get("parameters"), param)
+        )
+    return tools
+
+
+def check_history(messages: list[ChatMessage]) -> None:
+    """The history's calls and results are well formed: each call a function with a name and
+    JSON arguments (a string, as OpenAI sends them), each ``tool`` message the answer to a call
+    made before it.
+
+    Raises:
+        OpenAIError: 400 naming the message's field.
+    """
+    made: set[Any] = set()
+    for i, message in enumerate(messages):
+        for j, call in enumerate(message.tool_calls or []):
+            param = f"messages[{i}].tool_calls[{j}].function"
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise OpenAIError(400, "a tool call is a function with a name", param=param)
+            if not _json_text(function.get("arguments")):
+                raise OpenAIError(400, "a tool call's arguments are JSON text", param=f"{param}.arguments")
+            made.add(call.get("id"))
+        if message.role == "tool" and message.tool_call_id not in made:
+            reason = "a tool message answers a tool call made before it (its tool_call_id)"
+            raise OpenAIError(400, reason, param=f"messages[{i}].tool_call_id")
+
+
+def _json_text(arguments: Any) -> bool:
+    if arguments == "":  # NOTE: some clients send a call without arguments so
+        return True
+    try:
+        json.loads(arguments)
+    except (TypeError, json.JSONDecodeError):
+        return False
+    return isinstance(arguments, str)
 
 
 def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@ text) under a route namespace (``hashing.route``), and the same for prompt + rep
 next turn of a conversation finds the replica that answered this one.
 
 With a tokenizer, a chat is rendered exactly as ``kvproxy serve`` renders it
-(``proxy.serving.rendering.render_chat``, tools and ``chat_template_kwargs`` included) and a completion's
+(``proxy.serving.rendering.render_chat``, tools as ``proxy.tools.prompt`` writes them and
+``chat_template_kwargs`` included) and a completion's
 string prompt tokenized as the engine does; token-id prompts are used as they are. Without one,
 each message is written as canonical JSON (sorted keys, no spaces), one per line, after a line
 holding the fields that change the rendering (tools, template arguments); turn N + 1's text then
@@ -26,9 +27,13 @@ from hashing import (
     block_hashes,
     route_namespace,
 )
-from proxy.openai.protocol import ChatMessage
+from proxy.http.errors import OpenAIError
+from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
+from proxy.openai.tools import chat_tools
 from proxy.router.policy import Endpoint
 from proxy.serving.rendering import RenderError, render_chat
+from proxy.tools.formats import tool_format
+from proxy.tools.prompt import tool_messages
 
 
 @dataclass(frozen=True)
@@ -107,14 +112,16 @@ class Identity:
             if kind == "completions":
                 return list(self.tokenizer(_prompt_text(body.get("prompt")))["input_ids"])
             messages = [ChatMessage.model_validate(m).for_template() for m in body.get("messages", [])]
+            tools = chat_tools(ChatCompletionRequest.model_validate(body)) if body.get("tools") else None
+            messages, template_tools = tool_messages(messages, tools, tool_format(self.tokenizer))
             return render_chat(
                 self.tokenizer,
                 messages,
                 add_generation_prompt=add_generation_prompt,
-                tools=body.get("tools"),
+                tools=template_tools,
                 template_kwargs=body.get("chat_template_kwargs"),
             )
-        except (RenderError, ValueError, TypeError):
+        except (RenderError, OpenAIError, ValueError, TypeError):
             return None  # the router cannot render it the engine's way: hash the text instead
 
     def _key(self, model: str, tenant: str, tokenizer: str, units: list[int]) -> PromptKey:

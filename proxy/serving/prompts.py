@@ -14,8 +14,9 @@ from typing import Any
 
 from engine.worker import Engine
 from proxy.http.errors import OpenAIError
-from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
-from proxy.serving.rendering import RenderError, render_chat, render_messages
+from proxy.openai.protocol import ChatCompletionRequest, ChatMessage, unsupported_content
+from proxy.openai.tools import check_history, function_tools
+from proxy.serving.rendering import RenderError, render_chat
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages
 from proxy.tools.spec import ToolSet
@@ -38,6 +39,7 @@ def chat_prompt(engine: Engine, body: ChatCompletionRequest, tools: ToolSet | No
     Raises:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
+    check_history(body.messages)
     tokenizer = engine.loaded.tokenizer
     messages, template_tools = tool_messages(body.template_messages(), tools, tool_format(tokenizer))
     try:
@@ -54,15 +56,31 @@ def messages_prompt_ids(
     messages: list[ChatMessage],
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[Any] | None = None,
 ) -> list[int]:
-    """Chat messages rendered as the chat route renders them (text content only).
+    """Chat messages (text content only) and OpenAI ``tools`` rendered as the chat route renders
+    them.
 
     Raises:
-        OpenAIError: 400 naming the field the chat template cannot render.
+        OpenAIError: 400 naming the field the chat template cannot render, a content part that
+            is not text, or a bad tool.
     """
+    if (unsupported := unsupported_content(messages)) is not None:
+        raise OpenAIError(400, unsupported[1], param=unsupported[0])
+    check_history(messages)
+    tokenizer = engine.loaded.tokenizer
+    toolset = ToolSet(tuple(function_tools(tools))) if tools else None
+    rendered, template_tools = tool_messages(
+        [m.for_template() for m in messages], toolset, tool_format(tokenizer)
+    )
     try:
-        tokenizer = engine.loaded.tokenizer
-        return render_messages(tokenizer, messages, add_generation_prompt, template_kwargs)
+        return render_chat(
+            tokenizer,
+            rendered,
+            add_generation_prompt=add_generation_prompt,
+            tools=template_tools,
+            template_kwargs=template_kwargs,
+        )
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
 
@@ -85,10 +103,12 @@ def prompt_ids(
     messages: list[ChatMessage] | None,
     prompt: str | list[int] | None,
     add_generation_prompt: bool = True,
+    tools: list[Any] | None = None,
 ) -> list[int]:
-    """``messages`` as the chat route renders them, else ``prompt`` as completions takes it."""
+    """``messages`` (with ``tools``) as the chat route renders them, else ``prompt`` as
+    completions takes it."""
     if messages is not None:
-        return messages_prompt_ids(engine, messages, add_generation_prompt)
+        return messages_prompt_ids(engine, messages, add_generation_prompt, tools=tools)
     return completion_prompt_ids(engine, prompt or [])
 
 

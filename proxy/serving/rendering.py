@@ -17,8 +17,6 @@ from typing import Any
 
 from jinja2 import Environment, TemplateError, meta
 
-from proxy.openai.protocol import ChatMessage, unsupported_content
-
 # NOTE: a mark is Unicode private-use characters around a random nonce and a number: no template
 # filter (trim, upper, ...) changes it, no special token contains it, and no message can forge one
 # (the nonce is new for every rendering).
@@ -95,26 +93,6 @@ def render_chat(
             as_text = tokenizer(hidden[int(piece)], add_special_tokens=False, split_special_tokens=True)
             ids += as_text["input_ids"]
     return ids
-
-
-def render_messages(
-    tokenizer: Any,
-    messages: list[ChatMessage],
-    add_generation_prompt: bool = True,
-    template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """``render_chat`` over request messages, refusing content parts that are not text (which
-    the chat route refuses, so a prompt no request can send is never rendered).
-
-    Raises:
-        RenderError: as ``render_chat``; a message with non-text content parts.
-    """
-    if (unsupported := unsupported_content(messages)) is not None:
-        raise RenderError(*unsupported)
-    rendered = [m.for_template() for m in messages]
-    return render_chat(
-        tokenizer, rendered, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs
-    )
 
 
 def template_data(tokenizer: Any, kwargs: dict[str, Any] | None) -> dict[str, Any]:

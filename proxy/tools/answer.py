@@ -9,6 +9,7 @@ from typing import Any
 from engine.constraint import GrammarError, check_grammar
 from engine.worker import Engine
 from proxy.http.errors import OpenAIError
+from proxy.serving.rendering import special_strings
 from proxy.tools import grammars
 from proxy.tools.formats import Parsed, ToolFormat, tool_format
 from proxy.tools.spec import Arguments, CallStart, Piece, Text, ToolCall, ToolSet, call_id
@@ -98,11 +99,14 @@ def plan_answer(
             schema cannot be enforced.
     """
     fmt = tool_format(engine.loaded.tokenizer)
+    specials = special_strings(engine.loaded.tokenizer)
     if tools is not None:
         for i, tool in enumerate(tools.tools):
+            check_schema(tool.parameters, specials, tools_param.format(i=i))
             check(engine, grammars.json_grammar(grammars.closed(tool.parameters)), tools_param.format(i=i))
     grammar = None
     if schema is not None:
+        check_schema(schema, specials, schema_param)
         grammar = grammars.json_grammar(schema)
         check(engine, grammar, schema_param)
     elif tools is not None:
@@ -110,6 +114,14 @@ def plan_answer(
         if grammar is not None:
             check(engine, grammar, "tools")
     return AnswerPlan(fmt, tools, grammar, id_prefix)
+
+
+def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None:
+    """Raises OpenAIError (400 naming ``param``) for a schema that asks for a control token as
+    text (``proxy.tools.grammars.special_literal``)."""
+    if (hit := grammars.special_literal(schema, specials)) is not None:
+        reason = f"this schema asks for `{hit}`, a control token of this model, which no answer can write"
+        raise OpenAIError(400, reason, param=param)
 
 
 def check(engine: Engine, grammar: str, param: str) -> None:

@@ -86,11 +86,14 @@ class Generic(ToolFormat):
     def parse(self, text: str, tools: ToolSet) -> Parsed:
         try:
             answer = json.loads(text)
-        except json.JSONDecodeError:  # cut short (max_tokens): a response is still its text
-            return self.partial(text) if text.startswith(self.RESPONSE + '"') else super().parse(text, tools)
+        except json.JSONDecodeError:  # cut short (max_tokens): what it says so far, as streamed
+            return self.partial(text)
         if isinstance(answer, dict) and set(answer) == {"response"} and isinstance(answer["response"], str):
             return Parsed(answer["response"])
         return super().parse(text, tools)
+
+    # NOTE: the generic answer is always decoded under its grammar, so any text is a prefix of a
+    # valid answer: one cut short (finish_reason "length") keeps its last call's arguments so far
 
 
 class Hermes(ToolFormat):

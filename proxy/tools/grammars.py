@@ -11,6 +11,7 @@ support (guidance-ai/llguidance, docs/syntax.md and docs/json_schema.md).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import llguidance
@@ -45,6 +46,23 @@ def closed(schema: Any) -> Any:
         out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
         out.setdefault("additionalProperties", False)
     return out
+
+
+def special_literal(schema: Any, specials: set[str]) -> str | None:
+    """The first special-token string (``<|im_end|>``, ...) ``schema`` would make an answer
+    write: in a property name, a ``const``, an ``enum`` value or a ``pattern``. The model writes
+    those strings only as control tokens, never as text, so no answer could follow it."""
+    if isinstance(schema, list):
+        return next((hit for s in schema if (hit := special_literal(s, specials))), None)
+    if not isinstance(schema, dict):
+        return None
+    texts = list(schema["properties"]) if isinstance(schema.get("properties"), dict) else []
+    texts += [schema.get("const"), re.sub(r"\\(.)", r"\1", str(schema.get("pattern") or ""))]
+    texts += schema["enum"] if isinstance(schema.get("enum"), list) else []
+    for text in texts:
+        if isinstance(text, str) and (hit := next((s for s in specials if s in text), None)):
+            return hit
+    return next((hit for v in schema.values() if (hit := special_literal(v, specials))), None)
 
 
 def literal(text: str) -> str:

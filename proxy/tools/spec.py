@@ -122,8 +122,11 @@ class ToolSet:
         return tuple(t for t in self.tools if self.mode != "named" or t.name == self.name)
 
 
-def make_tool(name: Any, description: Any, parameters: Any, param: str) -> Tool:
-    """A ``Tool`` from a definition's fields; ``param`` is where it is in the body.
+def make_tool(
+    name: Any, description: Any, parameters: Any, param: str, schema_field: str = "parameters"
+) -> Tool:
+    """A ``Tool`` from a definition's fields; ``param`` is where it is in the body, and
+    ``schema_field`` the name of its schema there (Anthropic's is ``input_schema``).
 
     Raises:
         OpenAIError: 400 naming the field: a bad name, or parameters that are not an object.
@@ -132,8 +135,9 @@ def make_tool(name: Any, description: Any, parameters: Any, param: str) -> Tool:
         raise OpenAIError(400, "a tool name is 1-64 letters, digits, '_' or '-'", param=f"{param}.name")
     if parameters is None:
         parameters = EMPTY_PARAMETERS
-    if not isinstance(parameters, dict):
-        raise OpenAIError(400, "a tool's parameters are a JSON Schema object", param=f"{param}.parameters")
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        reason = 'a tool\'s parameters are a JSON Schema of an object ("type": "object")'
+        raise OpenAIError(400, reason, param=f"{param}.{schema_field}")
     if description is not None and not isinstance(description, str):
         raise OpenAIError(400, "a tool's description is a string", param=f"{param}.description")
     return Tool(name, description or "", canonical(parameters))

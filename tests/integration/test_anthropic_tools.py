@@ -112,10 +112,40 @@ def test_tool_results_and_cached_tool_definitions(cached, client) -> None:
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
         ({"tools": [TOOL], "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+        ({"tools": [{"name": "f", "input_schema": {"type": "array"}}]}, "tools[0].input_schema"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "x"}],
+                    }
+                ]
+            },
+            "messages[0].content[0].tool_use_id",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image"}]}
+                        ],
+                    },
+                ]
+            },
+            "messages[2].content[0].content[0].type",
+        ),
     ],
 )
 def test_unsupported_tools_are_400s(client, fields, param) -> None:
     """A server tool or a bad choice is a 400 naming the field."""
     with pytest.raises(anthropic.BadRequestError) as caught:
-        client.messages.create(model="tiny", max_tokens=5, messages=USER, **fields)
+        client.messages.create(**{"model": "tiny", "max_tokens": 5, "messages": USER} | fields)
     assert param in caught.value.body["error"]["message"]

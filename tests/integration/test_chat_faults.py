@@ -52,17 +52,22 @@ def test_a_message_cannot_forge_turns_on_any_route(cached) -> None:
 
 
 def test_b_tool_calls_are_never_dropped(cached) -> None:
-    """The tiny model's template cannot render tool calls: 400 naming the field, not a silent 200."""
-    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    """The tiny model's template has no tool support: the history's call and result are written
+    in the generic format (``proxy.tools.prompt``), never dropped; ``/tokenize`` gives the chat
+    route's prompt."""
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
     messages = [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
     ]
-    for route in ("/v1/chat/completions", "/tokenize"):
-        r = httpx.post(f"{cached.server.base_url}{route}", json={"model": "tiny", "messages": messages})
-        assert r.status_code == 400, r.text
-        assert r.json()["error"]["param"] == "messages[1].tool_calls"
+    base, body = cached.server.base_url, {"model": "tiny", "messages": messages, "max_tokens": 2}
+    ids = httpx.post(f"{base}/tokenize", json=body).json()["tokens"]
+    text = httpx.post(f"{base}/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert '{"tool_calls": [{"name": "weather", "arguments": {"city": "Oslo"}}]}' in text
+    assert '{"tool_results": [{"name": "weather", "content": "sunny"}]}' in text
+    reply = httpx.post(f"{base}/v1/chat/completions", json=body)
+    assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(ids)
 
 
 def byte_biased(tokenizer) -> dict[str, int]:

@@ -234,6 +234,41 @@ def test_tool_history_and_key_order_render_alike(cached) -> None:
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"response_format": {"type": "json_object"}, "tools": [WEATHER]}, "response_format"),
         ({"functions": [{"name": "f"}]}, "functions"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"const": "a<|im_end|>"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"messages": [*USER, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},
+            "messages[1].tool_call_id",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "not json"},
+                            }
+                        ],
+                    },
+                ]
+            },
+            "messages[1].tool_calls[0].function.arguments",
+        ),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(cached, body, param) -> None:
@@ -291,3 +326,42 @@ def test_a_grammar_changes_no_other_row(client) -> None:
         together = pool.submit(client.chat.completions.create, **plain)
         assert all(o.result().choices[0].message.content for o in others)
     assert together.result().choices[0].message.content == alone
+
+
+def test_tokenize_and_prewarm_render_tools_as_chat_does(cached) -> None:
+    """``/tokenize`` and ``/v1/cache/prewarm`` with ``tools`` give the chat's prompt: the count
+    is its ``prompt_tokens`` and a prewarmed agent prompt is a hit on its first request."""
+    base = cached.server.base_url
+    fields = {"messages": USER, "tools": [WEATHER, TIME]}
+    counted = httpx.post(f"{base}/tokenize", json={"model": "tiny"} | fields, timeout=60).json()["count"]
+    warmed = httpx.post(f"{base}/v1/cache/prewarm", json=fields, timeout=300)
+    assert warmed.status_code == 200, warmed.text
+    cached.flush()
+    reply = post(cached, {"model": "tiny", "max_tokens": 2} | fields).json()
+    assert reply["usage"]["prompt_tokens"] == counted
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == counted - 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_short_is_the_same_streamed_or_not(client, stream) -> None:
+    """``max_tokens`` mid-call: ``finish_reason`` length, the call so far as a call (never the
+    generic format's wrapper as text), the same streamed and not."""
+    kwargs = {
+        "model": "tiny",
+        "messages": USER,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0,
+    }
+    full = client.chat.completions.create(**kwargs, max_tokens=200)
+    cut = full.usage.completion_tokens - 3  # inside the arguments
+    whole = client.chat.completions.create(**kwargs, max_tokens=cut).choices[0]
+    assert whole.finish_reason == "length" and not whole.message.content
+    (call,) = whole.message.tool_calls
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, max_tokens=cut, stream=True))
+        arguments = "".join(
+            c.function.arguments or "" for ch in chunks for c in ch.choices[0].delta.tool_calls or []
+        )
+        assert not "".join(ch.choices[0].delta.content or "" for ch in chunks)
+        assert arguments == call.function.arguments and chunks[-1].choices[0].finish_reason == "length"

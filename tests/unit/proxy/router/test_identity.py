@@ -6,6 +6,8 @@ hashing, and never meets a K/V namespace."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hashing import BLOCK_SIZE, TEXT_BLOCK_BYTES, NamespaceIdentity, block_hashes, route_namespace
 from proxy.router.identity import Identity
 
@@ -65,3 +67,26 @@ def test_the_router_renders_no_template_from_a_request(tiny_model) -> None:
     bomb = "{% for a in range(9999) %}{% for b in range(9999) %}{{ a }}{% endfor %}{% endfor %}"
     hostile = identity.prompt("chat", body | {"chat_template_kwargs": {"chat_template": bomb}}, "t")
     assert hostile.hashes == identity.prompt("chat", body, "t").hashes and hostile.block_size == BLOCK_SIZE
+
+
+def test_a_chat_with_tools_hashes_as_the_replica_renders_it(tiny_model) -> None:
+    """Tools, calls and results in the history: the router's token ids are the replica's
+    (``proxy.serving.prompts.chat_prompt``), so tool-using agents are routed to their prefix."""
+    from proxy.openai.protocol import ChatCompletionRequest
+    from proxy.openai.tools import chat_tools
+    from proxy.serving.prompts import chat_prompt
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = chat(
+        {"role": "user", "content": "x" * 300},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+        tools=tools,
+    )
+    request = ChatCompletionRequest.model_validate(body)
+
+    engine = SimpleNamespace(loaded=tiny_model)  # chat_prompt reads only the engine's model
+    replica = chat_prompt(engine, request, chat_tools(request)).ids  # type: ignore[arg-type]
+    key = Identity(tiny_model.tokenizer, "fp").prompt("chat", body, "t")
+    assert list(key.units) == replica and key.block_size == BLOCK_SIZE
