@@ -80,7 +80,9 @@ async def chat_completions(
     if body.stream:
         sent_role, answer = False, plan.stream()
 
-        def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
+        def chunk(
+            text: str | None, tokens: list[TokenDelta], finish_reason: str | None
+        ) -> dict[str, Any] | None:
             nonlocal sent_role
             if finish_reason is None:
                 pieces = answer.feed(text) if text is not None else []
@@ -88,6 +90,8 @@ async def chat_completions(
                 pieces, calls = answer.finish("")
                 finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
             fields = merged(pieces)
+            if text is not None and not fields and sent_role and not body.logprobs:
+                return None  # NOTE: held back (a call's text until it parses): nothing to say
             if not sent_role:
                 fields["role"], sent_role = "assistant", True
             return {

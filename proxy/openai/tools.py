@@ -12,7 +12,7 @@ from typing import Any, cast
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
 from proxy.tools import grammars
-from proxy.tools.spec import Arguments, CallStart, Mode, Piece, Tool, ToolSet, make_tool, tool_set
+from proxy.tools.spec import NAME, Arguments, CallStart, Mode, Piece, Tool, ToolSet, make_tool, tool_set
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -117,7 +117,16 @@ def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
             f"response_format `{form.type}` is not one of text, json_object, json_schema",
             param="response_format.type",
         )
-    spec = form.json_schema if isinstance(form.json_schema, dict) else {}
+    spec = form.json_schema
+    if not isinstance(spec, dict):
+        raise OpenAIError(
+            400,
+            "a json_schema response format has a `json_schema` object",
+            param="response_format.json_schema",
+        )
+    if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
+        reason = "json_schema.name is 1-64 letters, digits, '_' or '-'"
+        raise OpenAIError(400, reason, param="response_format.json_schema.name")
     schema = spec.get("schema", ANY_OBJECT)
     if not isinstance(schema, dict):
         raise OpenAIError(

@@ -16,8 +16,9 @@ from proxy.openai.protocol import usage
 from proxy.serving.explain import EXPLAIN_HEADER, EXPLANATION_FIELD, explanation_header
 from proxy.serving.running import Started
 
-ChunkBuilder = Callable[[str | None, list[TokenDelta], str | None], dict[str, Any]]
-"""Builds one response chunk from (text delta or None, the tokens it carries, finish_reason)."""
+ChunkBuilder = Callable[[str | None, list[TokenDelta], str | None], dict[str, Any] | None]
+"""Builds one response chunk from (text delta or None, the tokens it carries, finish_reason);
+None for a token's text that says nothing yet (a tool call's text held back until it parses)."""
 
 
 def json_response(started: Started, body: dict[str, Any]) -> JSONResponse:
@@ -56,16 +57,17 @@ async def sse_stream(
     running, done = started.running, started.done
     try:
         if first_text:
-            yield sse(chunk(first_text, [], None))
+            yield sse(_said(chunk(first_text, [], None)))
         async for event in running:
             if isinstance(event, TokenDelta) and (event.text or every_token):
-                yield sse(chunk(event.text, [event], None))
+                if (said := chunk(event.text, [event], None)) is not None:
+                    yield sse(said)
             elif isinstance(event, Finished):
-                if event.text:
-                    yield sse(chunk(event.text, [], None))
-                yield sse(chunk(None, [], event.finish_reason))
+                if event.text and (said := chunk(event.text, [], None)) is not None:
+                    yield sse(said)
+                yield sse(_said(chunk(None, [], event.finish_reason)))
                 if include_usage:
-                    last = chunk(None, [], None) | {"choices": []}
+                    last = _said(chunk(None, [], None)) | {"choices": []}
                     last["usage"] = usage(done.prompt_tokens, event.completion_tokens, done.cached_tokens)
                     yield sse(last)
             elif isinstance(event, Failed):
@@ -79,6 +81,11 @@ async def sse_stream(
     finally:
         running.cancel()
     yield "data: [DONE]\n\n"
+
+
+def _said(chunk: dict[str, Any] | None) -> dict[str, Any]:
+    assert chunk is not None  # NOTE: builders say something for every chunk but a token's text
+    return chunk
 
 
 def sse(obj: dict[str, Any]) -> str:

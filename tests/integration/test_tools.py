@@ -105,6 +105,9 @@ def test_streamed_calls_equal_the_whole_answer(client) -> None:
             entry["name"] += call.function.name or ""
             entry["arguments"] += call.function.arguments or ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert all(
+        c.choices[0].delta.tool_calls or c.choices[0].finish_reason for c in chunks[1:]
+    )  # no empty deltas
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [
         (c.function.name, c.function.arguments) for c in whole
     ]
@@ -234,6 +237,11 @@ def test_tool_history_and_key_order_render_alike(cached) -> None:
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"response_format": {"type": "json_object"}, "tools": [WEATHER]}, "response_format"),
         ({"functions": [{"name": "f"}]}, "functions"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "bad name!"}}},
+            "response_format.json_schema.name",
+        ),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
             "tools[0].function.parameters",
