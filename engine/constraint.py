@@ -37,9 +37,15 @@ def check_grammar(tokenizer: Any, vocab_size: int, grammar: str) -> None:
     Raises:
         GrammarError: llguidance's message, e.g. ``Unimplemented keys: ["not"]``.
     """
-    error = llguidance.LLMatcher.validate_grammar(grammar, _tokenizer(tokenizer, vocab_size))
-    if error:
+    if error := _grammar_error(tokenizer, vocab_size, grammar):
         raise GrammarError(error)
+
+
+@lru_cache(maxsize=256)
+def _grammar_error(tokenizer: Any, vocab_size: int, grammar: str) -> str:
+    """llguidance's verdict on ``grammar`` ("" when it compiles), once per grammar: an agent
+    sends the same tools with every request."""
+    return str(llguidance.LLMatcher.validate_grammar(grammar, _tokenizer(tokenizer, vocab_size)))
 
 
 class Constraint:

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 MODEL = "smollm2-135m-instruct"
 # NOTE: greedy, as agent loops run: a 135M model sampled at temperature 1 can write a string
-# argument until max_tokens, which no grammar can close in time
+# argument until max_tokens, which no grammar can close in time (every client below runs greedy)
 N = 20  # requests per client and mode
 CITIES = (
     "Paris Rome Oslo Lima Cairo Tokyo Berlin Madrid Lisbon Dublin Vienna Prague Athens Seoul Delhi "
@@ -113,6 +113,7 @@ def test_anthropic_sdk_tools(server, stream) -> None:
             "tools": [weather],
             "tool_choice": {"type": "any"},
             "messages": [{"role": "user", "content": f"Weather in {CITIES[i]} for {i % 5 + 1} days?"}],
+            "extra_body": {"temperature": 0},  # NOTE: anthropic 2.x takes temperature only so
         }
         if stream:
             with client.messages.stream(**kwargs) as events:
