@@ -43,6 +43,13 @@ TIME = {
     },
 }
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+REQUIRED = {
+    "model": "tiny",
+    "messages": USER,
+    "tools": [WEATHER],
+    "tool_choice": "required",
+    "temperature": 0,
+}
 
 
 def post(api, body: dict) -> httpx.Response:
@@ -87,14 +94,7 @@ def test_required_and_named_calls_always_parse(client, choice) -> None:
 
 def test_streamed_calls_equal_the_whole_answer(client) -> None:
     """Streamed deltas of ``tool_calls[i].function.arguments`` add up to the non-streamed call."""
-    kwargs = {
-        "model": "tiny",
-        "messages": USER,
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "temperature": 0,
-        "max_tokens": 200,
-    }
+    kwargs = REQUIRED | {"max_tokens": 200}
     whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
     chunks = list(client.chat.completions.create(stream=True, **kwargs))
     calls: dict[int, dict] = {}
@@ -354,13 +354,7 @@ def test_tokenize_and_prewarm_render_tools_as_chat_does(cached) -> None:
 def test_a_call_cut_short_is_the_same_streamed_or_not(client, stream) -> None:
     """``max_tokens`` mid-call: ``finish_reason`` length, the call so far as a call (never the
     generic format's wrapper as text), the same streamed and not."""
-    kwargs = {
-        "model": "tiny",
-        "messages": USER,
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "temperature": 0,
-    }
+    kwargs = REQUIRED
     full = client.chat.completions.create(**kwargs, max_tokens=200)
     cut = full.usage.completion_tokens - 3  # inside the arguments
     whole = client.chat.completions.create(**kwargs, max_tokens=cut).choices[0]
