@@ -19,7 +19,7 @@ from typing import Any
 from bench.client import Client
 from bench.engine_load import conversations
 from bench.engine_targets import KVPROXY_PORT, LLAMA_PORT, MODEL, stored_per_request
-from bench.report_engine import tails_table
+from bench.report_engine import header, row, tails_table
 from bench.servers import running, serve, serve_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,15 +71,10 @@ def section(out: dict[str, Any]) -> list[str]:
         "| --- | --- | --- |",
         *[f"| {name} | {measured} | {'yes' if met else 'no'} |" for name, measured, met in rows],
         "",
-        "| | " + " | ".join(runs) + " |",
-        "| --- |" + " --- |" * len(runs),
-        "| TTFT, turn 1 (cold), p50 | "
-        + " | ".join(f"{t.first_turn_p50_s:.2f} s" for t in runs.values())
-        + " |",
-        "| TTFT, turns 2-3, p50 | "
-        + " | ".join(f"{t.later_turns_p50_s:.3f} s" for t in runs.values())
-        + " |",
-        "| wall time | " + " | ".join(f"{t.wall_s:.1f} s" for t in runs.values()) + " |",
+        *header(runs),
+        row("TTFT, turn 1 (cold), p50", (f"{t.first_turn_p50_s:.2f} s" for t in runs.values())),
+        row("TTFT, turns 2-3, p50", (f"{t.later_turns_p50_s:.3f} s" for t in runs.values())),
+        row("wall time", (f"{t.wall_s:.1f} s" for t in runs.values())),
         "",
         *tails_table(
             {"peers": {"kvproxy": {"conversations": ours}}, "blocks_only": blocks, "stored": out["stored"]}

@@ -3,6 +3,7 @@ and the promise sweep (measurements of ``bench.engine_targets``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from bench.promise import NEAR_TIE, SweepResult
@@ -174,34 +175,35 @@ def tails_table(engine: dict[str, Any]) -> list[str]:
         "kvproxy": engine["peers"]["kvproxy"]["conversations"],
         "kvproxy --no-tails": engine["blocks_only"],
     }
-    stored = engine["stored"]
-    mb = 1e6
+    stored = [engine["stored"][k] for k in runs]
+    talks = runs.values()
     return [
         f"### Tails: what they store and buy (the conversations, {runs['kvproxy'].requests} requests each)",
         "",
-        "| | " + " | ".join(runs) + " |",
-        "| --- |" + " --- |" * len(runs),
-        "| hit rate (cached / prompt tokens, every turn) | "
-        + " | ".join(f"{t.hit_rate:.1%}" for t in runs.values())
-        + " |",
-        "| turns 2-3: mean uncached tokens per request | "
-        + " | ".join(f"{t.later_uncached_mean:.1f}" for t in runs.values())
-        + " |",
-        "| turns 2-3: mean new tokens per request (message + markers) | "
-        + " | ".join(f"{t.later_new_mean:.1f}" for t in runs.values())
-        + " |",
-        "| TTFT, turns 2-3, p50 | "
-        + " | ".join(f"{t.later_turns_p50_s:.3f} s" for t in runs.values())
-        + " |",
-        "| stored per request: tails | " + " | ".join(f"{stored[k]['tails']:.1f}" for k in runs) + " |",
-        "| stored per request: tail bytes | "
-        + " | ".join(f"{stored[k]['tail_bytes'] / mb:.1f} MB" for k in runs)
-        + " |",
-        "| stored per request: block bytes | "
-        + " | ".join(f"{stored[k]['block_bytes'] / mb:.1f} MB" for k in runs)
-        + " |",
+        *header(runs),
+        row("hit rate (cached / prompt tokens, every turn)", (f"{t.hit_rate:.1%}" for t in talks)),
+        row("turns 2-3: mean uncached tokens per request", (f"{t.later_uncached_mean:.1f}" for t in talks)),
+        row(
+            "turns 2-3: mean new tokens per request (message + markers)",
+            (f"{t.later_new_mean:.1f}" for t in talks),
+        ),
+        row("TTFT, turns 2-3, p50", (f"{t.later_turns_p50_s:.3f} s" for t in talks)),
+        row("stored per request: tails", (f"{s['tails']:.1f}" for s in stored)),
+        row("stored per request: tail bytes", (f"{s['tail_bytes'] / 1e6:.1f} MB" for s in stored)),
+        row("stored per request: block bytes", (f"{s['block_bytes'] / 1e6:.1f} MB" for s in stored)),
         "",
     ]
+
+
+def header(columns: Iterable[str]) -> list[str]:
+    """A markdown table's head: an empty corner, then ``columns``."""
+    names = list(columns)
+    return ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+
+
+def row(label: str, cells: Iterable[str]) -> str:
+    """One markdown table row."""
+    return f"| {label} | " + " | ".join(cells) + " |"
 
 
 def sweep_lines(label: str, result: SweepResult) -> list[str]:

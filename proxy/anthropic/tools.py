@@ -7,12 +7,11 @@ the cache order: tools, system, messages).
 
 from __future__ import annotations
 
-import json
 from typing import Any, cast
 
 from proxy.anthropic.protocol import TTL_S
 from proxy.http.errors import OpenAIError
-from proxy.tools.spec import Mode, ToolCall, ToolSet, make_tool, tool_set
+from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, json_value, make_tool, tool_set
 
 CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
 """Anthropic's ``tool_choice.type`` as a ``ToolSet`` mode."""
@@ -62,10 +61,8 @@ def content(text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 def _input(arguments: str) -> Any:
     """A call's arguments as ``input``: an object, or ``{}`` for one cut short (``max_tokens``)."""
-    try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
-        return {}
+    value = json_value(arguments)
+    return {} if value is NOT_JSON else value
 
 
 def tool_use(call_id: str, name: str, arguments: Any) -> dict[str, Any]:

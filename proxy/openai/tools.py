@@ -6,13 +6,24 @@ Source: the OpenAI API reference, Chat Completions (function tools; structured o
 
 from __future__ import annotations
 
-import json
 from typing import Any, cast
 
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
 from proxy.tools import grammars
-from proxy.tools.spec import NAME, Arguments, CallStart, Mode, Piece, Tool, ToolSet, make_tool, tool_set
+from proxy.tools.spec import (
+    NAME,
+    NOT_JSON,
+    Arguments,
+    CallStart,
+    Mode,
+    Piece,
+    Tool,
+    ToolSet,
+    json_value,
+    make_tool,
+    tool_set,
+)
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -82,22 +93,14 @@ def check_history(messages: list[ChatMessage]) -> None:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise OpenAIError(400, "a tool call is a function with a name", param=param)
-            if not _json_text(function.get("arguments")):
+            arguments = function.get("arguments")
+            # NOTE: some clients send a call without arguments as ""
+            if arguments != "" and json_value(arguments) is NOT_JSON:
                 raise OpenAIError(400, "a tool call's arguments are JSON text", param=f"{param}.arguments")
             made.add(call.get("id"))
         if message.role == "tool" and message.tool_call_id not in made:
             reason = "a tool message answers a tool call made before it (its tool_call_id)"
             raise OpenAIError(400, reason, param=f"messages[{i}].tool_call_id")
-
-
-def _json_text(arguments: Any) -> bool:
-    if arguments == "":  # NOTE: some clients send a call without arguments so
-        return True
-    try:
-        json.loads(arguments)
-    except (TypeError, json.JSONDecodeError):
-        return False
-    return isinstance(arguments, str)
 
 
 def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.tools import grammars
 from proxy.tools.partial import string_prefix, value_end
-from proxy.tools.spec import ToolSet, dumps
+from proxy.tools.spec import ToolSet, dumps, json_value
 
 
 @dataclass
@@ -56,7 +56,7 @@ class ToolFormat:
         parsed = self.partial(text)
         known = {t.name for t in tools.callable}
         calls: list[tuple[str, str, bool]] = [
-            (n, a, d) for n, a, d in parsed.calls if d and n in known and _is_object(a)
+            (n, a, d) for n, a, d in parsed.calls if d and n in known and isinstance(json_value(a), dict)
         ]
         return Parsed(parsed.content, calls) if calls else Parsed(text)
 
@@ -188,10 +188,3 @@ def _named_call(body: str, key: str) -> tuple[str, str, bool] | None:
         return None
     arguments = call.get(key, call.get("arguments", {}))
     return call["name"], dumps(arguments), True
-
-
-def _is_object(arguments: str) -> bool:
-    try:
-        return isinstance(json.loads(arguments), dict)
-    except json.JSONDecodeError:
-        return False

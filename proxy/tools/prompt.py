@@ -14,12 +14,11 @@ them, so the next turn's prompt repeats an answer token for token (and its K/V s
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from proxy.serving.rendering import render_chat
 from proxy.tools.formats import ToolFormat
-from proxy.tools.spec import EMPTY_PARAMETERS, Tool, ToolSet, canonical, dumps
+from proxy.tools.spec import EMPTY_PARAMETERS, NOT_JSON, Tool, ToolSet, canonical, dumps, json_value
 
 GENERIC_INSTRUCTIONS = (
     "You can call tools. They are listed below, one JSON Schema function definition per line.\n"
@@ -97,7 +96,7 @@ def _generic_answer(calls: list[dict[str, Any]] | None, text: str) -> str:
     for call in calls:
         function = call.get("function") or {}
         arguments = function.get("arguments")
-        if not isinstance(arguments, str) or not _is_json(arguments):
+        if json_value(arguments) is NOT_JSON:
             arguments = dumps(canonical(_arguments_object(arguments)))
         parts.append(f'{{"name": {dumps(function.get("name") or "")}, "arguments": {arguments}}}')
     answer = '{"tool_calls": [' + ", ".join(parts) + "]"
@@ -107,19 +106,9 @@ def _generic_answer(calls: list[dict[str, Any]] | None, text: str) -> str:
 def _arguments_object(arguments: Any) -> Any:
     """Arguments as an object: JSON text parsed (templates ``tojson`` them)."""
     if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
+        value = json_value(arguments)
+        return arguments if value is NOT_JSON else value
     return {} if arguments is None else arguments
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except json.JSONDecodeError:
-        return False
-    return True
 
 
 def tools_span(

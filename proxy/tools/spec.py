@@ -39,6 +39,20 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+NOT_JSON: Any = object()
+"""What ``json_value`` gives for text that is not JSON (or for no text at all)."""
+
+
+def json_value(text: Any) -> Any:
+    """``text`` parsed as JSON when it is a string holding JSON, else ``NOT_JSON``."""
+    if not isinstance(text, str):
+        return NOT_JSON
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return NOT_JSON
+
+
 @dataclass(frozen=True)
 class Tool:
     """One function tool: its name, description and JSON Schema of arguments (canonical)."""
