@@ -25,6 +25,8 @@ from proxy.observe import health
 from proxy.observe.metrics import Metrics, RequestMetrics
 from proxy.observe.usage import UsageHistory
 from proxy.openai import chat, completions, models, tokenize
+from proxy.responses import routes as responses
+from proxy.responses.state import open_responses
 from proxy.stores import open_cache
 from store.index.redis.connect import redact_url
 
@@ -69,6 +71,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         admin = block_cache.admin if block_cache is not None else None
         app.state.settings, app.state.cache, app.state.engine = settings, admin, engine
         app.state.started = time.time()
+        app.state.responses = open_responses(settings)
         app.state.metrics = Metrics(engine, admin)
         app.state.usage = UsageHistory(admin.usage if admin is not None else lambda: None)
         if admin is not None:
@@ -94,6 +97,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
     for module in (
         chat,
         completions,
+        responses,
         messages,
         tokenize,
         models,

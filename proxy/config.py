@@ -159,6 +159,15 @@ class Settings(ServerSettings):
     )
     gc_interval: float = Field(30.0, gt=0, description="Seconds between garbage collections.")
     gc_grace: float = Field(60.0, ge=0, description="Seconds an unindexed blob is kept before collection.")
+    responses_ttl: int = Field(
+        30 * 86_400,
+        gt=0,
+        description="Seconds a stored response (/v1/responses, for previous_response_id) is kept after "
+        "it was created (OpenAI keeps them 30 days).",
+    )
+    responses_max_bytes: Bytes = Field(
+        256 * 2**20, gt=0, description="Byte budget of the stored responses together; the oldest go first."
+    )
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     no_tails: bool = Field(
         False, description="Cache whole 128-token blocks only, no tails (the tokens after the last one)."

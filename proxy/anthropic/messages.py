@@ -20,7 +20,7 @@ from proxy.http.auth import Tenant, get_tenant
 from proxy.http.errors import OpenAIError
 from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.rendering import RenderError, render_chat
-from proxy.serving.running import complete, start
+from proxy.serving.running import complete, start, written_tokens
 from proxy.serving.streaming import new_id
 from proxy.serving.validation import check_model, completion_budget
 from proxy.state import CacheDep, EngineDep, SettingsDep
@@ -134,13 +134,13 @@ async def messages(
     ahead = render_ahead(engine, settings, prompt.messages, generation, None, prompt.tools)
     started = await start(request, engine, generation, ahead)
     message_id = new_id("msg", "_")
-    stored = anthropic.stored_end(len(ids), cache is not None, not settings.no_tails)
+    written = written_tokens(started.done, cache is not None, not settings.no_tails)
     if body.stream:
-        stream = events(started, message_id, body.model, stored, plan)
+        stream = events(started, message_id, body.model, written, plan)
         return StreamingResponse(stream, media_type="text/event-stream", headers=started.headers)
     result = await complete(started, request)
     assert result.finished is not None
-    usage = anthropic.usage(started.done, result.finished.completion_tokens, stored)
+    usage = anthropic.usage(started.done, result.finished.completion_tokens, written)
     text, calls = plan.read(result.text)
     reply = anthropic.message(message_id, body.model, content(text, calls), result.finished, usage)
     return JSONResponse(reply, headers=started.headers)

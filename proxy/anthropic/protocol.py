@@ -11,12 +11,14 @@ length.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from engine.requests import Finished, PrefillDone
-from hashing import BLOCK_SIZE, num_full_blocks
+from hashing import BLOCK_SIZE
+
+if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
+    from engine.requests import Finished, PrefillDone
 
 TTL_S = {"5m": 300, "1h": 3600}
 """``cache_control.ttl`` in seconds (absent: 5 minutes)."""
@@ -182,11 +184,9 @@ def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> t
     return tuple(plan)
 
 
-def usage(done: PrefillDone, output_tokens: int, stored: int) -> dict[str, int]:
-    """Anthropic usage of a request whose prompt was computed as ``done`` says and is stored in
-    the cache up to position ``stored`` (tokens; 0 without a cache, ``stored_end``)."""
-    # NOTE: a prompt reused to its last token stored nothing new (that token's K/V was stored with it)
-    created = 0 if done.cached_tokens >= done.prompt_tokens - 1 else max(0, stored - done.cached_tokens)
+def usage(done: PrefillDone, output_tokens: int, created: int) -> dict[str, int]:
+    """Anthropic usage of a request whose prompt was computed as ``done`` says, ``created`` of its
+    tokens newly stored in the cache (``proxy.serving.running.written_tokens``)."""
     return {
         "input_tokens": done.prompt_tokens - done.cached_tokens - created,
         "cache_creation_input_tokens": created,
@@ -224,11 +224,3 @@ def message(
         "stop_sequence": finished.stop_sequence if finished else None,
         "usage": usage,
     }
-
-
-def stored_end(prompt_tokens: int, caching: bool, tails: bool) -> int:
-    """Where the cache stores a prompt of ``prompt_tokens`` tokens up to: its end with tails,
-    else its last full block; 0 without a cache."""
-    if not caching:
-        return 0
-    return prompt_tokens if tails else BLOCK_SIZE * num_full_blocks(prompt_tokens)

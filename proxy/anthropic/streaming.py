@@ -53,13 +53,13 @@ class _Blocks:
 
 
 async def events(
-    started: Started, message_id: str, model: str, stored: int, plan: AnswerPlan
+    started: Started, message_id: str, model: str, written: int, plan: AnswerPlan
 ) -> AsyncIterator[str]:
     """The event sequence of one streamed reply (see the module docstring)."""
     running, done = started.running, started.done
     answer, blocks = plan.stream(), _Blocks()
     try:
-        start = protocol.message(message_id, model, [], None, protocol.usage(done, 0, stored))
+        start = protocol.message(message_id, model, [], None, protocol.usage(done, 0, written))
         yield _event("message_start", {"message": start})
         async for event in running:
             if isinstance(event, TokenDelta) and event.text:

@@ -76,6 +76,12 @@ def dialect(path: str) -> str:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
+def served_routes(app: FastAPI) -> list[str]:
+    """``METHOD /path`` of every API route ``app`` serves (its OpenAPI paths, generated once)."""
+    paths = app.openapi().get("paths", {})
+    return [f"{method.upper()} {path}" for path, operations in paths.items() for method in operations]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every error leaves the server in OpenAI's shape; FastAPI's 422 becomes a 400."""
 
@@ -105,7 +111,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return OpenAIError(exc.status_code, str(exc.detail), type=kind).response(dialect(request.url.path))
+        message = str(exc.detail)
+        if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+            kind = "invalid_request_error"
+            message = (
+                f"{request.method} {request.url.path} is not a route of this server; "
+                f"its routes: {', '.join(served_routes(request.app))}"
+            )
+        return OpenAIError(exc.status_code, message, type=kind).response(dialect(request.url.path))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

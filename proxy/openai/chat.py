@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -10,6 +11,8 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import TokenDelta
+from engine.worker import Engine
+from proxy.config import Settings
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.openai.logprobs import chat_logprobs
@@ -17,7 +20,7 @@ from proxy.openai.protocol import ChatCompletionRequest
 from proxy.openai.tools import answer_schema, chat_tools, delta
 from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.prompts import ChatPrompt, chat_prompt
-from proxy.serving.running import complete, start
+from proxy.serving.running import Started, complete, start
 from proxy.serving.streaming import event_stream, json_response, new_id, now, sse_stream
 from proxy.serving.validation import check_request, generation_request
 from proxy.state import EngineDep, SettingsDep
@@ -28,14 +31,37 @@ from proxy.tools.spec import Piece
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(
+@dataclasses.dataclass(frozen=True)
+class ChatTurn:
+    """A chat request whose prompt is computed: the prompt, how its answer is read (text,
+    calls), the running request, and the ids the chat template rendered (``prompt.ids`` unless
+    ``start_chat``'s ``prompt_of`` changed them)."""
+
+    prompt: ChatPrompt
+    plan: AnswerPlan
+    started: Started
+    rendered: list[int]
+
+
+async def start_chat(
     body: ChatCompletionRequest,
     request: Request,
-    engine: EngineDep,
-    settings: SettingsDep,
-    tenant: Tenant,
-) -> Any:
+    engine: Engine,
+    settings: Settings,
+    tenant: str,
+    params: tuple[str, str] = ("response_format.json_schema.schema", "tools[{i}].function.parameters"),
+    prompt_of: Callable[[list[int]], list[int]] | None = None,
+) -> ChatTurn:
+    """Check, render and start a chat request: the one path of ``/v1/chat/completions`` and of
+    ``/v1/responses`` (``proxy.responses``), so both compute the same prompt for one conversation.
+
+    Args:
+        params: the fields a bad answer schema and a bad tool schema are reported under.
+        prompt_of: the prompt to compute for the chat's rendered ids (default: those ids).
+
+    Raises:
+        OpenAIError: 400/404 naming the field the request cannot be served for; 503 when busy.
+    """
     check_request(engine, body)
     tools, schema = chat_tools(body), answer_schema(body)
     if schema is not None and tools is not None and tools.mode != "none":
@@ -45,15 +71,14 @@ async def chat_completions(
             param="response_format",
         )
 
-    def prepare() -> tuple[ChatPrompt, tuple[int, ...], AnswerPlan]:
-        prompt = chat_prompt(engine, body, tools)
+    def prepare() -> tuple[ChatPrompt, list[int], tuple[int, ...], AnswerPlan]:
+        prompt = rendered = chat_prompt(engine, body, tools)
+        if prompt_of is not None:
+            prompt = dataclasses.replace(prompt, ids=prompt_of(prompt.ids))
         boundaries = chat_boundaries(engine, prompt.messages, prompt.ids, prompt.data, prompt.tools)
-        plan = plan_answer(
-            engine, tools, schema, "response_format.json_schema.schema", "tools[{i}].function.parameters"
-        )
-        return prompt, boundaries, plan
+        return prompt, rendered.ids, boundaries, plan_answer(engine, tools, schema, *params)
 
-    prompt, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
+    prompt, rendered, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
     max_tokens = body.max_completion_tokens or body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
     generation = generation_request(engine, settings, tenant, body, prompt.ids, max_tokens, top)
@@ -63,7 +88,19 @@ async def chat_completions(
     if tools is not None:
         tokenizer, fmt, raw = engine.loaded.tokenizer, plan.format, body.template_messages()
         span = partial(tools_span, tokenizer, raw, tools, fmt, prompt.ids, prompt.data)
-    started = await start(request, engine, generation, ahead, span)
+    return ChatTurn(prompt, plan, await start(request, engine, generation, ahead, span), rendered)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    tenant: Tenant,
+) -> Any:
+    turn = await start_chat(body, request, engine, settings, tenant)
+    started, plan = turn.started, turn.plan
     completion_id, created = new_id("chatcmpl"), now()
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:

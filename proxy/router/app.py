@@ -1,7 +1,10 @@
 """``kvproxy route``: the router's ASGI app. No model is loaded; ``--tokenizer`` loads only a
 tokenizer and its chat template.
 
-Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (routed and forwarded),
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
+``/v1/messages`` (routed and forwarded; a Responses request continuing a stored response goes to
+the replica that answered it), ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items`` (to
+that replica), ``POST /v1/messages/count_tokens``, ``/tokenize`` and ``/detokenize`` (passed on),
 ``GET /v1/models`` (the union of the replicas'), ``GET /health``, ``GET /metrics``,
 ``GET /stats`` and ``GET /dashboard`` (predicted against reported hit rate per replica).
 """
@@ -28,9 +31,10 @@ from engine.model.resolve import resolve_model_dir
 from proxy.http.auth import DEFAULT_TENANT, Tenant, bearer, get_tenant, parse_api_keys, require_operator
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
-from proxy.router.forward import forward, while_connected
+from proxy.router.forward import forward, pass_through, while_connected
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
+from proxy.router.policy import Endpoint
 from proxy.router.routing import Router
 from proxy.router.settings import RouteSettings
 from store.index.memory.index import MEMORY_URL
@@ -129,17 +133,46 @@ def _router(request: Request) -> Router:
     return router
 
 
+async def _forward(request: Request, tenant: str, kind: Endpoint) -> Response:
+    raw = await request.body()
+    return await while_connected(request, forward(_router(request), request, kind, raw, tenant))
+
+
 @api.post("/v1/chat/completions")
 async def chat(request: Request, tenant: RouteTenant) -> Response:
-    return await while_connected(
-        request, forward(_router(request), request, "chat", await request.body(), tenant)
-    )
+    return await _forward(request, tenant, "chat")
 
 
 @api.post("/v1/completions")
 async def completions(request: Request, tenant: RouteTenant) -> Response:
-    raw = await request.body()
-    return await while_connected(request, forward(_router(request), request, "completions", raw, tenant))
+    return await _forward(request, tenant, "completions")
+
+
+@api.post("/v1/responses")
+async def responses(request: Request, tenant: RouteTenant) -> Response:
+    return await _forward(request, tenant, "responses")
+
+
+@api.post("/v1/messages")
+async def messages(request: Request, tenant: RouteTenant) -> Response:
+    return await _forward(request, tenant, "messages")
+
+
+@api.get("/v1/responses/{response_id}")
+@api.delete("/v1/responses/{response_id}")
+@api.get("/v1/responses/{response_id}/input_items")
+async def stored_response(request: Request, response_id: str, tenant: RouteTenant) -> Response:
+    """A stored response, from the replica that answered it (any other shares its Redis)."""
+    router = _router(request)
+    return await pass_through(router, request, await router.response_replica(tenant, response_id))
+
+
+@api.post("/v1/messages/count_tokens", dependencies=[Depends(route_tenant)])
+@api.post("/tokenize", dependencies=[Depends(route_tenant)])
+@api.post("/detokenize", dependencies=[Depends(route_tenant)])
+async def no_prompt(request: Request) -> Response:
+    """Routes that compute nothing worth routing for: the least loaded replica answers."""
+    return await pass_through(_router(request), request)
 
 
 @api.get("/v1/models")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
@@ -24,10 +24,9 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from proxy.http.errors import OpenAIError
-from proxy.router.identity import PromptKey
 from proxy.router.policy import Decision, Endpoint
+from proxy.router.relay import Sent, relay, whole
 from proxy.router.replicas import Replica
-from proxy.router.replies import delta_text, reply_text, sse_data
 from proxy.router.routing import Router
 
 DISCONNECT_POLL_S = 0.1
@@ -55,8 +54,10 @@ ROUTE_HEADERS = ("x-kvproxy-replica", "x-kvproxy-route")
 
 
 async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, tenant: str) -> Response:
-    """Route and forward a ``chat`` or ``completions`` request (``raw``: its JSON body); a client
-    that leaves before the answer is whole cancels it upstream (``while_connected``).
+    """Route and forward a request with a prompt (``raw``: its JSON body); a client that leaves
+    before the answer is whole cancels it upstream (``while_connected``). A Responses request
+    continuing a stored response goes to the replica that answered that one, when it is up and
+    the load allows (``Router.choose``'s ``prefer``).
 
     Raises:
         OpenAIError: 400 for a body that is not a JSON object; 503 when no replica is up.
@@ -71,17 +72,21 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
         raise OpenAIError(400, "model: must be a string", param="model")
     stream = body.get("stream") is True
     options = body.get("stream_options") or {}
-    # NOTE: stream_options that are not an object pass through for the replica to refuse.
-    wants_usage = not stream or not isinstance(options, dict) or bool(options.get("include_usage"))
+    # NOTE: stream_options that are not an object pass through for the replica to refuse; the
+    # Responses and Messages streams always end with their usage.
+    wants_usage = kind not in ("chat", "completions") or not stream or not isinstance(options, dict)
+    wants_usage = wants_usage or bool(options.get("include_usage"))
     if not wants_usage:
         raw = json.dumps(body | {"stream_options": options | {"include_usage": True}}).encode()
     key = await asyncio.to_thread(router.identity.prompt, kind, body, tenant)
+    previous = body.get("previous_response_id") if kind == "responses" else None
+    prefer = await router.response_replica(tenant, previous) if isinstance(previous, str) else None
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
     headers["accept-encoding"] = "identity"  # SSE bytes pass through as they are
     path = request.url.path.removeprefix("/v1")
     tried: set[str] = set()
     while True:
-        choice = await router.choose(kind, key, body.get("model"), tried)
+        choice = await router.choose(kind, key, body.get("model"), tried, prefer)
         if choice is None:
             raise OpenAIError(
                 503,
@@ -118,12 +123,68 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
         router.metrics.sent(replica.url, decision, choice.predicted_tokens)
         extra = {"x-kvproxy-replica": replica.url, "x-kvproxy-route": decision}
         out_headers = {k: v for k, v in response.headers.items() if k.lower() not in NOT_FORWARDED} | extra
-        if response.status_code == 200:
+        sent = Sent(router, replica, kind, body, key, tenant, knows_prompt=previous is None)
+        if response.status_code == 200 and sent.knows_prompt:
             router.spawn(router.record(replica, key, key.hashes))
         if stream and response.status_code == 200:
-            events = _relay(router, replica, response, kind, body, key, wants_usage)
-            return StreamingResponse(events, status_code=200, headers=out_headers)
-        return await _whole(router, replica, response, kind, body, key, out_headers)
+            return StreamingResponse(relay(sent, response, wants_usage), status_code=200, headers=out_headers)
+        return await whole(sent, response, out_headers)
+
+
+async def pass_through(router: Router, request: Request, prefer: str | None = None) -> Response:
+    """Send a request without a prompt to route on (a stored response, token counts, tokenize)
+    to ``prefer`` when it is up, else to the least loaded replica serving the body's model;
+    answered whole, with the upstream's status. One retry on another replica when the first
+    cannot be reached.
+
+    Raises:
+        OpenAIError: 503 when no replica is up; 502 when the retry fails too.
+    """
+    raw = await request.body()
+    try:
+        model = json.loads(raw).get("model") if raw else None
+    except (ValueError, AttributeError):
+        model = None  # NOTE: the replica answers a bad body in its own words
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
+    path = request.url.path.removeprefix("/v1") if request.url.path.startswith("/v1/") else request.url.path
+    tried: set[str] = set()
+    while True:
+        candidates = router.replicas.candidates(model if isinstance(model, str) else None, tried)
+        if not candidates:
+            raise OpenAIError(503, "no replica is available", type="server_error", code="no_replica")
+        loads = router.replicas.inflight
+        replica = next(
+            (r for r in candidates if r.url == prefer), min(candidates, key=lambda r: loads[r.url])
+        )
+        base = replica.url if request.url.path.startswith("/v1/") else replica.root
+        router.started(replica)
+        try:
+            response = await replica.client.request(
+                request.method,
+                base + path,
+                params=request.query_params,
+                content=raw,
+                headers=headers,
+                timeout=router.settings.first_byte_timeout,
+            )
+        except httpx.HTTPError:
+            _failed(router, replica, "connect")
+            if tried:
+                raise OpenAIError(
+                    502,
+                    f"replica {replica.url} did not answer",
+                    type="server_error",
+                    code="upstream_unavailable",
+                ) from None
+            tried.add(replica.url)
+            continue
+        router.ended(replica)
+        out = {k: v for k, v in response.headers.items() if k.lower() not in NOT_FORWARDED}
+        return Response(
+            response.content,
+            status_code=response.status_code,
+            headers=out | {"x-kvproxy-replica": replica.url},
+        )
 
 
 async def while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
@@ -139,92 +200,6 @@ async def while_connected(request: Request, work: Coroutine[Any, Any, Response])
                 await task
             return Response(status_code=CLIENT_CLOSED)
     return task.result()
-
-
-async def _whole(
-    router: Router,
-    replica: Replica,
-    response: httpx.Response,
-    kind: Endpoint,
-    body: dict[str, Any],
-    key: PromptKey,
-    headers: dict[str, str],
-) -> Response:
-    """A non-streamed answer, read whole, then passed on with the upstream's status."""
-    try:
-        content = await response.aread()
-    except httpx.HTTPError:
-        router.metrics.failed(replica.url, "mid_response")
-        raise OpenAIError(
-            502,
-            f"replica {replica.url} failed mid-response",
-            type="server_error",
-            code="upstream_disconnected",
-        ) from None
-    finally:
-        router.ended(replica)  # NOTE: first, and without awaiting: a cancelled request still counts
-        router.spawn(response.aclose())
-    if response.status_code == 200:
-        try:
-            doc = json.loads(content)
-            reply = reply_text(kind, doc)
-            router.metrics.usage(replica.url, doc.get("usage") or {})
-        except (ValueError, AttributeError, TypeError):
-            reply = None
-        if reply is not None:
-            router.spawn(router.record(replica, key, router.identity.reply_hashes(kind, body, key, reply)))
-    return Response(content, status_code=response.status_code, headers=headers)
-
-
-async def _relay(
-    router: Router,
-    replica: Replica,
-    response: httpx.Response,
-    kind: Endpoint,
-    body: dict[str, Any],
-    key: PromptKey,
-    wants_usage: bool,
-) -> AsyncIterator[bytes]:
-    """Pass SSE events through as they arrive, collecting the reply and the usage."""
-    parts: list[str] = []
-    usage: dict[str, Any] | None = None
-    buffer = b""
-    try:
-        async for chunk in response.aiter_raw():
-            buffer += chunk.replace(b"\r\n", b"\n")
-            while b"\n\n" in buffer:
-                event, buffer = buffer.split(b"\n\n", 1)
-                doc = sse_data(event)
-                if doc is not None:
-                    parts.append(delta_text(kind, doc))
-                    usage = doc.get("usage") or usage
-                    if not wants_usage and "usage" in doc:
-                        if not doc.get("choices"):
-                            continue  # the usage chunk the client did not ask for
-                        event = (
-                            b"data: " + json.dumps({k: v for k, v in doc.items() if k != "usage"}).encode()
-                        )
-                yield event + b"\n\n"
-        if buffer.strip():
-            yield buffer
-    except httpx.HTTPError:
-        router.metrics.failed(replica.url, "mid_stream")
-        error = {
-            "error": {
-                "message": f"replica {replica.url} failed mid-stream",
-                "type": "server_error",
-                "code": "upstream_disconnected",
-            }
-        }
-        yield b"data: " + json.dumps(error).encode() + b"\n\n"
-        return
-    finally:
-        router.ended(replica)  # NOTE: the client may have left: no await may come before this
-        router.spawn(response.aclose())
-    if usage is not None:
-        router.metrics.usage(replica.url, usage)
-    reply = "".join(parts)
-    router.spawn(router.record(replica, key, router.identity.reply_hashes(kind, body, key, reply)))
 
 
 def _failed(router: Router, replica: Replica, kind: str) -> None:

@@ -2,10 +2,12 @@
 text) under a route namespace (``hashing.route``), and the same for prompt + reply, so that the
 next turn of a conversation finds the replica that answered this one.
 
-With a tokenizer, a chat is rendered exactly as ``kvproxy serve`` renders it
-(``proxy.serving.rendering.render_chat``, tools as ``proxy.tools.prompt`` writes them and
-``chat_template_kwargs`` included) and a completion's
-string prompt tokenized as the engine does; token-id prompts are used as they are. Without one,
+Chats come in three dialects: chat completions, the Responses API (its instructions and input
+items as ``proxy.responses`` turns them into a chat) and Anthropic's Messages API (as
+``proxy.anthropic`` does). With a tokenizer, a chat is rendered exactly as ``kvproxy serve``
+renders it (``proxy.serving.rendering.render_chat``, tools as ``proxy.tools.prompt`` writes them
+and ``chat_template_kwargs`` included) and a completion's string prompt tokenized as the engine
+does; token-id prompts are used as they are. Without one,
 each message is written as canonical JSON (sorted keys, no spaces), one per line, after a line
 holding the fields that change the rendering (tools, template arguments); turn N + 1's text then
 starts with turn N's text plus its reply. A wrong guess only costs a miss: answers always come
@@ -27,13 +29,22 @@ from hashing import (
     block_hashes,
     route_namespace,
 )
+from proxy.anthropic.protocol import MessagesRequest
+from proxy.anthropic.tools import message_tools
 from proxy.http.errors import OpenAIError
-from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
+from proxy.openai.protocol import ChatCompletionRequest
 from proxy.openai.tools import chat_tools
+from proxy.responses.items import chat_messages, input_items
+from proxy.responses.protocol import ResponsesRequest
 from proxy.router.policy import Endpoint
 from proxy.serving.rendering import RenderError, render_chat
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages
+from proxy.tools.spec import ToolSet
+
+
+Chat = tuple[list[dict[str, Any]], ToolSet | None]
+"""A chat as its template takes it: the messages, and the tools (``proxy.tools.prompt``)."""
 
 
 @dataclass(frozen=True)
@@ -75,45 +86,48 @@ class Identity:
         self.fingerprint = fingerprint
 
     def prompt(self, kind: Endpoint, body: dict[str, Any], tenant: str) -> PromptKey:
-        """The key of a ``chat`` or ``completions`` body (already parsed JSON)."""
+        """The key of a body (already parsed JSON) sent to ``kind``'s route."""
         model = str(body.get("model", ""))
         if kind == "completions" and _is_ids(body.get("prompt")):
             return self._key(
                 model, tenant, "ids" if self.tokenizer is None else self.fingerprint, body["prompt"]
             )
+        chat = None if kind == "completions" else _chat(kind, body)
         if self.tokenizer is not None:
-            ids = self._token_ids(kind, body)
+            ids = self._token_ids(body, chat)
             if ids is not None:
                 return self._key(model, tenant, self.fingerprint, ids)
-        text = _chat_text(body) if kind == "chat" else _prompt_text(body.get("prompt"))
+        text = _prompt_text(body.get("prompt")) if kind == "completions" else _chat_text(body, chat)
         return self._key(model, tenant, "text", list(text.encode()))
 
     def reply_hashes(
         self, kind: Endpoint, body: dict[str, Any], key: PromptKey, reply: str
     ) -> list[BlockHash]:
         """Hashes of the prompt followed by the reply, as the next turn will start."""
+        answer = {"role": "assistant", "content": reply}
         if key.block_size == TEXT_BLOCK_BYTES:
-            tail = _message_line({"role": "assistant", "content": reply}) if kind == "chat" else reply
+            tail = reply if kind == "completions" else _message_line(answer)
             return key.extended(list(tail.encode()))
         if self.tokenizer is None:
             return key.hashes  # token-id prompts without a tokenizer: the reply cannot be tokenized
-        if kind == "chat":
-            messages = [*body.get("messages", []), {"role": "assistant", "content": reply}]
-            rendered = self._token_ids(kind, body | {"messages": messages}, add_generation_prompt=False)
-            if rendered is None:
-                return key.hashes
-            return block_hashes(rendered, key.namespace, key.block_size)
-        return key.extended(self.tokenizer(reply, add_special_tokens=False)["input_ids"])
+        if kind == "completions":
+            return key.extended(self.tokenizer(reply, add_special_tokens=False)["input_ids"])
+        chat = _chat(kind, body)
+        if chat is None:
+            return key.hashes
+        messages, tools = chat
+        rendered = self._token_ids(body, ([*messages, answer], tools), add_generation_prompt=False)
+        return key.hashes if rendered is None else block_hashes(rendered, key.namespace, key.block_size)
 
     def _token_ids(
-        self, kind: Endpoint, body: dict[str, Any], add_generation_prompt: bool = True
+        self, body: dict[str, Any], chat: Chat | None, add_generation_prompt: bool = True
     ) -> list[int] | None:
+        """The prompt's ids as the replica renders it (a completion's ``prompt`` when ``chat`` is
+        None); None when it cannot be rendered that way."""
         try:
-            if kind == "completions":
+            if chat is None:
                 return list(self.tokenizer(_prompt_text(body.get("prompt")))["input_ids"])
-            messages = [ChatMessage.model_validate(m).for_template() for m in body.get("messages", [])]
-            tools = chat_tools(ChatCompletionRequest.model_validate(body)) if body.get("tools") else None
-            messages, template_tools = tool_messages(messages, tools, tool_format(self.tokenizer))
+            messages, template_tools = tool_messages(chat[0], chat[1], tool_format(self.tokenizer))
             return render_chat(
                 self.tokenizer,
                 messages,
@@ -140,10 +154,32 @@ def _prompt_text(prompt: object) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, separators=(",", ":"))
 
 
-def _chat_text(body: dict[str, Any]) -> str:
+def _chat(kind: Endpoint, body: dict[str, Any]) -> Chat | None:
+    """A ``chat``, ``responses`` or ``messages`` body as the chat its replica renders (None when
+    the body is not one the replica would serve)."""
+    try:
+        if kind == "messages":
+            request = MessagesRequest.model_validate(body)
+            extra = request.model_extra or {}
+            return request.template_messages()[0], message_tools(extra.get("tools"), extra.get("tool_choice"))
+        if kind == "responses":
+            responses = ResponsesRequest.model_validate(body)
+            system = [{"role": "system", "content": responses.instructions}] if responses.instructions else []
+            messages = system + chat_messages(input_items(responses.input))
+            body = {"messages": messages} | responses.chat_fields()
+        chat = ChatCompletionRequest.model_validate(body)
+        return chat.template_messages(), chat_tools(chat) if chat.tools else None
+    except (OpenAIError, ValueError, TypeError):
+        return None
+
+
+def _chat_text(body: dict[str, Any], chat: Chat | None) -> str:
+    """The chat as text: a line of the fields that change the rendering, then one line per
+    message (the body's own messages when it cannot be read as a chat)."""
     header = {k: body.get(k) for k in ("tools", "chat_template_kwargs", "functions") if body.get(k)}
     lines = [json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"]
-    return "".join(lines + [_message_line(m) for m in body.get("messages") or []])
+    messages = chat[0] if chat is not None else body.get("messages") or []
+    return "".join(lines + [_message_line(m) for m in messages])
 
 
 def _message_line(message: object) -> str:

@@ -8,6 +8,9 @@ namespace share a slot and a chain lookup stays one round trip on one node):
                                         sliding TTL (``--route-ttl``)
     ``{prefix}{route}:epochs``         hash: replica -> epoch; bumped when a replica comes back
                                         or restarts, so the entries it had stop counting
+    ``{prefix}{route}:resp:{tenant}:{id}``  the replica that answered a Responses request of
+                                        that id (tenant: a digest); TTL ``--route-ttl``. A
+                                        request continuing it goes there (affinity).
     ``{prefix}{route}:inflight``       hash: ``"{router}|{replica}"`` -> requests in flight that
                                         router sent; ``"{router}|@"`` -> its last heartbeat (Unix
                                         seconds). A router silent for ``STALE_ROUTER_S`` seconds
@@ -22,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import redis
+import xxhash
 
 from hashing import BlockHash, Namespace
 
@@ -122,6 +126,18 @@ class RouteIndex:
         if hashes:
             keys = [self.block_key(namespace, h) for h in hashes]
             self._record(keys=keys, args=[replica, epoch, ttl_s])
+
+    def response_key(self, tenant: str, response_id: str) -> str:
+        return f"{self.key_prefix}{{route}}:resp:{xxhash.xxh3_64_hexdigest(tenant.encode())}:{response_id}"
+
+    def remember_response(self, tenant: str, response_id: str, replica: str, ttl_s: int) -> None:
+        """``replica`` answered ``tenant``'s response ``response_id``."""
+        self.client.set(self.response_key(tenant, response_id), replica, ex=ttl_s)
+
+    def response_replica(self, tenant: str, response_id: str) -> str | None:
+        """The replica that answered ``tenant``'s response ``response_id`` (None: not known)."""
+        found = self.client.get(self.response_key(tenant, response_id))
+        return None if found is None else _text(found)
 
     def epochs(self, replicas: Sequence[str]) -> dict[str, int]:
         """Each replica's current epoch (0 before its first bump)."""

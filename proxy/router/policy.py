@@ -27,8 +27,9 @@ Policy = Literal["cache-aware", "least-loaded", "round-robin"]
 Decision = Literal["affinity", "balance", "fallback", "least_loaded", "round_robin", "retry"]
 """Why a replica was chosen (the ``x-kvproxy-route`` header and the metric label); ``retry``: a
 second replica after the first failed before its first byte."""
-Endpoint = Literal["chat", "completions"]
-"""Which OpenAI route a request came to (what the prompt is made of)."""
+Endpoint = Literal["chat", "completions", "responses", "messages"]
+"""Which route a request came to (what the prompt is made of): chat and legacy completions, the
+Responses API, Anthropic's Messages API."""
 
 
 @dataclass(frozen=True)

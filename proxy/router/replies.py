@@ -22,18 +22,97 @@ def sse_data(event: bytes) -> dict[str, Any] | None:
 
 
 def delta_text(kind: Endpoint, doc: dict[str, Any]) -> str:
-    """The text a streamed chunk adds to choice 0 ("" when none)."""
-    for choice in doc.get("choices") or []:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
-            return text if isinstance(text, str) else ""
-    return ""
+    """The text a streamed event adds to the reply ("" when none): choice 0's delta, a Responses
+    ``response.output_text.delta``, a Messages ``text_delta``."""
+    if kind == "responses":
+        text = doc.get("delta") if doc.get("type") == "response.output_text.delta" else None
+    elif kind == "messages":
+        delta = doc.get("delta") if doc.get("type") == "content_block_delta" else None
+        text = delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
+    else:
+        choice = _choice(doc.get("choices"))
+        text = (
+            None
+            if choice is None
+            else (choice.get("delta") or {}).get("content")
+            if kind == "chat"
+            else choice.get("text")
+        )
+    return text if isinstance(text, str) else ""
 
 
 def reply_text(kind: Endpoint, doc: dict[str, Any]) -> str | None:
-    """The text of choice 0 of a whole answer (None when it has none)."""
-    choice = (doc.get("choices") or [None])[0]
-    if not isinstance(choice, dict):
+    """The text of a whole answer (choice 0, the Responses output messages, the Messages text
+    blocks); None when it has none."""
+    if kind in ("responses", "messages"):
+        parts = (
+            doc.get("content")
+            if kind == "messages"
+            else [
+                part
+                for item in doc.get("output") or []
+                if isinstance(item, dict) and item.get("type") == "message"
+                for part in item.get("content") or []
+            ]
+        )
+        texts = [
+            p.get("text")
+            for p in parts or []
+            if isinstance(p, dict) and p.get("type") in ("text", "output_text")
+        ]
+        return "".join(t for t in texts if isinstance(t, str)) if texts else None
+    choice = _choice(doc.get("choices"))
+    if choice is None:
         return None
     text = (choice.get("message") or {}).get("content") if kind == "chat" else choice.get("text")
     return text if isinstance(text, str) else None
+
+
+def reply_usage(kind: Endpoint, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The usage a body or event reports, as chat completions count it (``prompt_tokens``,
+    ``prompt_tokens_details.cached_tokens``); None when it reports none."""
+    if kind == "responses":
+        usage = (doc.get("response") if "response" in doc else doc) or {}
+        usage = usage.get("usage") if isinstance(usage, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+        return {
+            "prompt_tokens": usage.get("input_tokens"),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+    if kind == "messages":
+        usage = (
+            (doc.get("message") or {}).get("usage")
+            if doc.get("type") == "message_start"
+            else doc.get("usage")
+        )
+        if not isinstance(usage, dict) or doc.get("type") == "message_delta":
+            return None
+        read, created = (
+            usage.get("cache_read_input_tokens") or 0,
+            usage.get("cache_creation_input_tokens") or 0,
+        )
+        prompt = (usage.get("input_tokens") or 0) + read + created
+        return {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": read}}
+    usage = doc.get("usage")
+    return usage if isinstance(usage, dict) else None
+
+
+def response_id(doc: dict[str, Any]) -> str | None:
+    """The id of a Responses answer: a body's, or that of ``response.created``'s response."""
+    if doc.get("object") == "response":
+        found = doc.get("id")
+    elif doc.get("type") == "response.created":
+        found = (doc.get("response") or {}).get("id")
+    else:
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _choice(choices: object) -> dict[str, Any] | None:
+    """Choice 0 of a ``choices`` list."""
+    for choice in choices if isinstance(choices, list) else []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from store.index.redis.connect import REDIS_ERRORS
 
 log = logging.getLogger("route")
 T = TypeVar("T")
+LOCAL_RESPONSES = 10_000
 
 
 class Router:
@@ -47,15 +49,19 @@ class Router:
         self.rng = random.Random()
         self.turn = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.responses: OrderedDict[tuple[str, str], str] = OrderedDict()
+        """(tenant, response id) -> the replica that answered it, the latest ``LOCAL_RESPONSES``:
+        affinity while Redis is off or down."""
 
     @property
     def redis_ok(self) -> bool:
         return self.index is not None and self.breaker.allow()
 
     async def choose(
-        self, kind: Endpoint, key: PromptKey, model: str | None, exclude: set[str]
+        self, kind: Endpoint, key: PromptKey, model: str | None, exclude: set[str], prefer: str | None = None
     ) -> Choice | None:
-        """The replica for a request (None: no replica is up)."""
+        """The replica for a request (None: no replica is up); ``prefer``: the replica known to
+        hold its prefix (the one that answered the response it continues), held to hold all of it."""
         candidates = self.replicas.candidates(model, exclude)
         if not candidates:
             return None
@@ -68,6 +74,8 @@ class Router:
         if self.settings.policy != "round-robin" and self.index is not None:
             loads = (await self._redis(self.index.loads)) or loads
         matched = {r: n * key.tokens_per_block for r, n in blocks.items()}
+        if prefer in epochs:
+            matched[prefer] = max(matched.get(prefer, 0), key.prompt_tokens, self.thresholds.min_match_tokens)
         self.turn += 1
         urls = [r.url for r in candidates]
         choice = choose(
@@ -111,6 +119,22 @@ class Router:
         if self.index is not None and hashes:
             ttl = self.settings.route_ttl
             await self._redis(self.index.record, key.namespace, hashes, replica.url, replica.epoch, ttl)
+
+    async def remember_response(self, tenant: str, response_id: str, replica: Replica) -> None:
+        """``replica`` answered ``tenant``'s response ``response_id``: its continuations go there."""
+        self.responses[(tenant, response_id)] = replica.url
+        while len(self.responses) > LOCAL_RESPONSES:
+            self.responses.popitem(last=False)
+        if self.index is not None:
+            ttl = self.settings.route_ttl
+            await self._redis(self.index.remember_response, tenant, response_id, replica.url, ttl)
+
+    async def response_replica(self, tenant: str, response_id: str) -> str | None:
+        """The replica that answered ``tenant``'s response ``response_id``, if known."""
+        found = None
+        if self.index is not None:
+            found = await self._redis(self.index.response_replica, tenant, response_id)
+        return found or self.responses.get((tenant, response_id))
 
     async def probe_forever(self) -> None:
         """Probe every replica's health each ``--health-interval`` seconds; heartbeat the index."""

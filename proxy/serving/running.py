@@ -23,6 +23,7 @@ from engine.requests import (
     TokenDelta,
 )
 from engine.worker import Engine
+from hashing import BLOCK_SIZE, num_full_blocks
 from proxy.http.auth import reads_own_text
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import usage
@@ -199,3 +200,14 @@ async def _cancel_on_disconnect(request: Request, running: Running) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(DISCONNECT_POLL_S)
     running.cancel()
+
+
+def written_tokens(done: PrefillDone, caching: bool, tails: bool) -> int:
+    """Tokens of a prompt computed as ``done`` says that this request newly stores in the cache:
+    those not cached, up to the prompt's end with tails, else up to its last full block; 0
+    without a cache, and 0 for a prompt reused to its last token (that token's K/V was stored
+    with it)."""
+    if not caching or done.cached_tokens >= done.prompt_tokens - 1:
+        return 0
+    end = done.prompt_tokens if tails else BLOCK_SIZE * num_full_blocks(done.prompt_tokens)
+    return max(0, end - done.cached_tokens)

@@ -1,0 +1,144 @@
+"""A streamed response: the Responses API's server-sent events, in their documented order.
+
+    response.created, response.in_progress,
+    per output item: response.output_item.added, then for a message
+        response.content_part.added, response.output_text.delta..., response.output_text.done,
+        response.content_part.done; for a call response.function_call_arguments.delta...,
+        response.function_call_arguments.done; then response.output_item.done,
+    response.completed (response.incomplete when it ran out of ``max_output_tokens``; response.failed)
+
+Each event is ``event: {type}`` and ``data: {json}`` with a ``sequence_number``; no ``[DONE]``.
+Source: the OpenAI API reference, Responses streaming events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from engine.requests import Failed, Finished, TokenDelta
+from proxy.responses.items import call_item, message_item, text_part
+from proxy.serving.running import Started
+from proxy.tools.answer import AnswerPlan
+from proxy.tools.spec import Arguments, CallStart, Piece, Text, call_id
+
+Finish = Callable[[list[dict[str, Any]], Finished, list[int], str], Awaitable[dict[str, Any]]]
+"""Completes the response from its output items, the ``Finished`` event, the generated token ids
+and their text (and stores it); returns the response object."""
+
+
+class ResponseEvents:
+    """The events of one response as its answer's pieces arrive (``events``)."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None
+
+    def event(self, kind: str, **fields: Any) -> str:
+        body = {"type": kind, "sequence_number": self.sequence} | fields
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def pieces(self, pieces: list[Piece]) -> list[str]:
+        out: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, Text) and piece.text:
+                if self._open is None or self._open["type"] != "message":
+                    out += self._close() + self._add(message_item(call_id("msg_"), None))
+                    out.append(self._part_event("response.content_part.added", ""))
+                self._open["content"][0]["text"] += piece.text  # type: ignore[index]
+                out.append(self._delta("response.output_text.delta", piece.text))
+            elif isinstance(piece, CallStart):
+                out += self._close() + self._add(call_item(call_id("fc_"), piece.id, piece.name, "", False))
+            elif isinstance(piece, Arguments) and self._open is not None:
+                self._open["arguments"] += piece.text
+                out.append(self._delta("response.function_call_arguments.delta", piece.text))
+        return out
+
+    def end(self, complete: bool) -> list[str]:
+        """Close the open item (a message with no text when there was none at all)."""
+        out: list[str] = []
+        if not self.output:
+            out = self._add(message_item(call_id("msg_"), None))
+            out.append(self._part_event("response.content_part.added", ""))
+        return out + self._close(complete)
+
+    def _add(self, item: dict[str, Any]) -> list[str]:
+        if item["type"] == "message":
+            item["content"] = [text_part("")]
+        self.output.append(item)
+        self._open = item
+        return [self._added_event()]
+
+    def _added_event(self) -> str:
+        assert self._open is not None
+        item = self._open | ({"content": []} if self._open["type"] == "message" else {})
+        return self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open["id"], "output_index": len(self.output) - 1}
+
+    def _part_event(self, kind: str, text: str) -> str:
+        return self.event(kind, **self._where(), content_index=0, part=text_part(text))
+
+    def _delta(self, kind: str, delta: str) -> str:
+        extra = {"content_index": 0, "logprobs": []} if kind.startswith("response.output_text") else {}
+        return self.event(kind, **self._where(), **extra, delta=delta)
+
+    def _close(self, complete: bool = True) -> list[str]:
+        item, out = self._open, []
+        if item is None:
+            return out
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            item["status"] = "completed" if complete else "incomplete"
+            out.append(
+                self.event(
+                    "response.output_text.done", **self._where(), content_index=0, text=text, logprobs=[]
+                )
+            )
+            out.append(self._part_event("response.content_part.done", text))
+        else:
+            item["status"] = "completed"
+            out.append(
+                self.event(
+                    "response.function_call_arguments.done", **self._where(), arguments=item["arguments"]
+                )
+            )
+        out.append(self.event("response.output_item.done", output_index=len(self.output) - 1, item=item))
+        self._open = None
+        return out
+
+
+async def events(
+    started: Started, plan: AnswerPlan, response: dict[str, Any], finish: Finish
+) -> AsyncIterator[str]:
+    """The response's events; ``finish`` completes (and stores) it at the end. A client that
+    goes away cancels the generation, and nothing is stored."""
+    writer, answer, generated, text = ResponseEvents(), plan.stream(), [], []
+    try:
+        yield writer.event("response.created", response=response)
+        yield writer.event("response.in_progress", response=response)
+        async for event in started.running:
+            if isinstance(event, TokenDelta):
+                generated.append(event.token_id)
+                text.append(event.text)
+                for said in writer.pieces(answer.feed(event.text)):
+                    yield said
+            elif isinstance(event, Finished):
+                pieces, _ = answer.finish(event.text)
+                complete = event.finish_reason != "length"
+                for said in writer.pieces(pieces) + writer.end(complete):
+                    yield said
+                done = await finish(writer.output, event, generated, "".join(text) + event.text)
+                kind = "response.completed" if complete else "response.incomplete"
+                yield writer.event(kind, response=done)
+            elif isinstance(event, Failed):
+                error = {"code": "server_error", "message": "internal server error"}
+                failed = response | {"status": "failed", "error": error}
+                yield writer.event("response.failed", response=failed)
+    finally:
+        started.running.cancel()

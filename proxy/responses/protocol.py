@@ -1,0 +1,151 @@
+"""The OpenAI Responses API's request (``POST /v1/responses``), and the same request as a chat
+completion: kvproxy serves a response through the chat route's one path
+(``proxy.openai.chat.start_chat``), so a conversation gets the same prompt, and with greedy
+decoding the same answer, through either API.
+
+Source: the OpenAI API reference, Responses (create; function tools; ``text.format``). Unknown
+fields are accepted and ignored (``include``, ``reasoning``, ``truncation``, ...); fields that
+would change the answer and cannot be honoured are refused, naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from proxy.http.errors import OpenAIError
+from proxy.openai.protocol import Count, Real
+
+UNSUPPORTED = {
+    "background": "background responses are not supported; send the request and wait, or stream it",
+    "conversation": "conversation objects are not supported; continue with `previous_response_id`",
+    "prompt": "prompt templates are not supported; send `input` and `instructions`",
+}
+"""Fields refused when set, and why."""
+
+
+class ResponsesRequest(BaseModel):
+    """The fields of a Responses request kvproxy reads."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: StrictStr | list[dict[str, Any]] = Field(default_factory=list)
+    instructions: StrictStr | None = None
+    previous_response_id: StrictStr | None = None
+    max_output_tokens: Count | None = None
+    temperature: Real | None = Field(None, ge=0, le=2)
+    top_p: Real | None = Field(None, gt=0, le=1)
+    text: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    store: StrictBool = True
+    metadata: dict[str, StrictStr] | None = Field(None, max_length=16)
+    stream: StrictBool = False
+    user: str | None = None
+    prompt_cache_retention: str | None = None
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """``(param, reason)`` for the first field this server cannot honour, if any."""
+        for name, reason in UNSUPPORTED.items():
+            if (self.model_extra or {}).get(name):
+                return name, reason
+        for key, value in (self.metadata or {}).items():
+            if len(key) > 64 or len(value) > 512:
+                return "metadata", "metadata keys are at most 64 characters and values at most 512"
+        if not self.input and self.previous_response_id is None:
+            return "input", "a response needs `input` (or `previous_response_id` to continue from)"
+        return None
+
+    def chat_fields(self) -> dict[str, Any]:
+        """The chat completion fields this request asks for, besides its messages.
+
+        Raises:
+            OpenAIError: 400 naming the field: a tool that is not a function, a tool choice or
+                text format that is not one of Responses' own.
+        """
+        fields: dict[str, Any] = {
+            "model": self.model,
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
+            "user": self.user,
+            "prompt_cache_retention": self.prompt_cache_retention,
+            "parallel_tool_calls": self.parallel_tool_calls,
+        }
+        if self.tools:
+            fields["tools"] = [chat_tool(tool, i) for i, tool in enumerate(self.tools)]
+        if self.tool_choice is not None:
+            fields["tool_choice"] = chat_tool_choice(self.tool_choice)
+        if self.text is not None and self.text.get("format") is not None:
+            fields["response_format"] = chat_format(self.text["format"])
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+def chat_tool(tool: object, i: int) -> dict[str, Any]:
+    """A Responses function tool (``{type, name, description, parameters, strict}``) as a chat
+    one (``{type, function: {...}}``).
+
+    Raises:
+        OpenAIError: 400 naming ``tools[i].type`` for a hosted tool (web search, file search, ...).
+    """
+    kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+    if not isinstance(tool, dict) or kind != "function":
+        raise OpenAIError(
+            400, f"tools of type `{kind}` are not supported; send function tools", param=f"tools[{i}].type"
+        )
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
+
+
+def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """``auto``, ``none``, ``required`` or ``{type: function, name}`` as chat's tool choice.
+
+    Raises:
+        OpenAIError: 400 for another kind of choice (hosted tools, ``allowed_tools``).
+    """
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise OpenAIError(
+        400, "tool_choice is auto, none, required or {type: function, name}", param="tool_choice"
+    )
+
+
+def chat_format(form: object) -> dict[str, Any]:
+    """``text.format`` (``text``, ``json_object``, or ``json_schema`` with its name, schema and
+    strictness at the top level) as chat's ``response_format``.
+
+    Raises:
+        OpenAIError: 400 naming ``text.format`` for a format that is not an object.
+    """
+    if not isinstance(form, dict) or not isinstance(form.get("type"), str):
+        raise OpenAIError(400, "text.format is an object with a `type`", param="text.format.type")
+    if form["type"] != "json_schema":
+        return {"type": form["type"]}
+    schema = {k: form[k] for k in ("name", "schema", "strict", "description") if k in form}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+PARAMS = (
+    ("messages", "input"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+)
+
+
+def responses_param(param: str | None) -> str | None:
+    """A chat request's field name as the Responses request names it (``messages[2].content`` ->
+    ``input``, ``tools[0].function.parameters`` -> ``tools[0].parameters``)."""
+    if param is None:
+        return None
+    for chat, ours in PARAMS:
+        if param == chat or param.startswith((chat + ".", chat + "[")):
+            return ours if chat == "messages" else ours + param[len(chat) :]
+    return param.replace(".function.", ".", 1) if param.startswith("tools[") else param

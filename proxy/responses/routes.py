@@ -1,0 +1,244 @@
+"""``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}`` and
+``GET /v1/responses/{id}/input_items``: OpenAI's Responses API on the local model.
+
+A response is computed as the chat completion of its conversation (``proxy.responses.protocol``):
+the instructions, then, with ``previous_response_id``, the stored conversation through that
+response's output, then this request's input. With ``store`` (the default) it is kept in Redis
+(``proxy.responses.state``), under the caller's tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from engine.requests import Finished
+from proxy.http.auth import Tenant
+from proxy.http.errors import OpenAIError
+from proxy.openai.chat import ChatTurn, start_chat
+from proxy.openai.protocol import ChatCompletionRequest
+from proxy.responses.continuation import continuation
+from proxy.responses.events import events
+from proxy.responses.items import chat_messages, input_items, output_items
+from proxy.responses.protocol import ResponsesRequest, responses_param
+from proxy.responses.state import ResponseStore, StoredResponse
+from proxy.serving.running import complete, written_tokens
+from proxy.serving.streaming import json_response, new_id, now
+from proxy.state import EngineDep, SettingsDep
+from store.index.redis.connect import REDIS_ERRORS
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+PARAMS = ("text.format.schema", "tools[{i}].parameters")
+"""Where a bad answer schema and a bad tool schema are reported."""
+
+
+def get_responses(request: Request) -> ResponseStore:
+    return request.app.state.responses
+
+
+ResponsesDep = Annotated[ResponseStore, Depends(get_responses)]
+
+
+async def stored(
+    responses: ResponseStore, tenant: str, response_id: str, param: str | None
+) -> StoredResponse:
+    """The tenant's stored response ``response_id``.
+
+    Raises:
+        OpenAIError: 404 when this tenant has no such response (another tenant's id included),
+            saying so when it expired or was evicted; 503 when Redis is unreachable.
+    """
+    try:
+        found = await run_in_threadpool(responses.get, tenant, response_id)
+    except REDIS_ERRORS as exc:
+        raise OpenAIError.cache_unavailable(f": stored responses cannot be read ({exc})") from None
+    code = "previous_response_not_found" if param else "response_not_found"
+    if found == "gone":
+        message = (
+            f"Response '{response_id}' expired or was evicted from the response store "
+            "(--responses-ttl, --responses-max-bytes)"
+        )
+        raise OpenAIError(404, message, param=param, code=code)
+    if found is None:
+        raise OpenAIError(404, f"No response found with id '{response_id}'.", param=param, code=code)
+    return found
+
+
+def skeleton(response_id: str, body: ResponsesRequest) -> dict[str, Any]:
+    """The response object before its output: ``status`` in progress."""
+    text = body.text if body.text and body.text.get("format") else {"format": {"type": "text"}}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": now(),
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "model": body.model,
+        "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": body.store,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "text": text,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "truncation": "disabled",
+        "usage": None,
+        "user": body.user,
+        "metadata": body.metadata or {},
+    }
+
+
+async def start_turn(
+    body: ResponsesRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    tenant: str,
+    messages: list[dict[str, Any]],
+    previous: StoredResponse | None,
+) -> tuple[ChatCompletionRequest, ChatTurn]:
+    """Start the chat completion of ``messages`` (continuing ``previous``'s stored ids), errors
+    named as the Responses request names its fields."""
+    after = previous.continuation if previous is not None else None
+    try:
+        chat = ChatCompletionRequest.model_validate({"messages": messages} | body.chat_fields())
+        turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, after and after.prompt)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = responses_param(".".join(str(p) for p in first.get("loc", ())) or None)
+        raise OpenAIError(400, f"{param}: {first.get('msg')}", param=param) from None
+    except OpenAIError as exc:
+        exc.param = responses_param(exc.param)
+        raise
+    return chat, turn
+
+
+@router.post("/v1/responses")
+async def create(
+    body: ResponsesRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    tenant: Tenant,
+    responses: ResponsesDep,
+) -> Any:
+    if (unsupported := body.unsupported_field()) is not None:
+        raise OpenAIError(400, unsupported[1], param=unsupported[0], code="unsupported_parameter")
+    previous = None
+    if body.previous_response_id is not None:
+        previous = await stored(responses, tenant, body.previous_response_id, "previous_response_id")
+    items = input_items(body.input)
+    history = previous.conversation if previous is not None else []
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    chat, turn = await start_turn(
+        body, request, engine, settings, tenant, system + history + chat_messages(items), previous
+    )
+    done, response = turn.started.done, skeleton(new_id("resp", "_"), body)
+    written = written_tokens(done, request.app.state.cache is not None, not settings.no_tails)
+
+    async def finish(
+        output: list[dict[str, Any]], finished: Finished, generated: list[int], text: str
+    ) -> dict[str, Any]:
+        complete_ = finished.finish_reason != "length"
+        response.update(
+            status="completed" if complete_ else "incomplete",
+            incomplete_details=None if complete_ else {"reason": "max_output_tokens"},
+            output=output,
+            completed_at=now(),
+            usage=usage(done.prompt_tokens, done.cached_tokens, written, finished.completion_tokens),
+        )
+        if body.store:
+            conversation = history + chat_messages(items + output)
+            after = await run_in_threadpool(
+                continuation,
+                engine,
+                system + conversation,
+                chat.tools,
+                turn.rendered,
+                turn.prompt.ids,
+                generated,
+                text,
+            )
+            try:
+                await run_in_threadpool(
+                    responses.put, tenant, StoredResponse(response, items, conversation, after)
+                )
+            except REDIS_ERRORS as exc:
+                log.warning("response %s was not stored (Redis: %s)", response["id"], exc)
+        return response
+
+    if body.stream:
+        stream = events(turn.started, turn.plan, dict(response), finish)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=turn.started.headers)
+    result = await complete(turn.started, request)
+    assert result.finished is not None
+    text, calls = turn.plan.read(result.text)
+    output = output_items(text, calls, result.finished.finish_reason != "length")
+    generated = [t.token_id for t in result.tokens]
+    return json_response(turn.started, await finish(output, result.finished, generated, result.text))
+
+
+def usage(prompt: int, cached: int, written: int, output: int) -> dict[str, Any]:
+    """Responses usage: ``input_tokens_details.cached_tokens`` served from the cache,
+    ``cache_write_tokens`` newly stored (``proxy.serving.running.written_tokens``)."""
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+
+
+@router.get("/v1/responses/{response_id}")
+async def get(response_id: str, tenant: Tenant, responses: ResponsesDep) -> dict[str, Any]:
+    return (await stored(responses, tenant, response_id, None)).response
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete(response_id: str, tenant: Tenant, responses: ResponsesDep) -> dict[str, Any]:
+    await stored(responses, tenant, response_id, None)
+    try:
+        await run_in_threadpool(responses.delete, tenant, response_id)
+    except REDIS_ERRORS as exc:
+        raise OpenAIError.cache_unavailable(f": the response cannot be deleted ({exc})") from None
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    tenant: Tenant,
+    responses: ResponsesDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> dict[str, Any]:
+    """The items of the response's input, as OpenAI pages them (newest first by default)."""
+    items = (await stored(responses, tenant, response_id, None)).input_items
+    items = items[::-1] if order == "desc" else items
+    ids = [item["id"] for item in items]
+    if after is not None:
+        if after not in ids:
+            raise OpenAIError(400, f"no input item '{after}' in this response", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }

@@ -1,0 +1,221 @@
+"""Stored responses: what ``previous_response_id`` continues from, kept in the Redis the cache
+uses, so a response survives a restart and every replica (and ``kvproxy route``) sees it.
+
+A stored response (``StoredResponse``) holds the response object, its input items, the
+conversation through its output as chat messages (instructions aside: a request's own apply),
+and where a continuation starts (``proxy.responses.continuation``: the token ids its turn
+computed). Each is self-contained: continuing a response reads one key.
+
+Keys (under ``key_prefix``; ``{responses}`` is a Redis Cluster hash tag, so a store and its
+eviction are one script on one node). A *member* is ``{tenant digest}:{response id}``:
+
+    ``{prefix}{responses}:r:{member}``  the stored response (JSON), expiring ``--responses-ttl``
+                                        seconds after it was created
+    ``{prefix}{responses}:s:{member}``  "seen", a week longer: an expired or evicted id is told
+                                        apart from one that never existed (of this tenant)
+    ``{prefix}{responses}:order``       sorted set: member -> expiry time (Unix seconds)
+    ``{prefix}{responses}:sizes``       hash: member -> bytes; ``:bytes`` their sum, kept within
+                                        ``--responses-max-bytes`` by evicting the oldest first
+
+A response id is looked up under the caller's tenant only: another tenant's id is not found.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol
+
+import redis
+import xxhash
+
+from proxy.config import Settings
+from proxy.responses.continuation import Continuation
+from store.index.memory.index import MEMORY_URL
+from store.index.redis.connect import redis_client
+
+SEEN_EXTRA_S = 7 * 86_400
+"""How much longer than a response its "seen" marker lives."""
+
+_PUT = """
+local function drop(m)
+  local size = tonumber(redis.call('HGET', KEYS[4], m) or '0')
+  redis.call('HDEL', KEYS[4], m)
+  redis.call('ZREM', KEYS[3], m)
+  redis.call('DEL', ARGV[8] .. m)
+  redis.call('DECRBY', KEYS[5], size)
+end
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[6], 'LIMIT', 0, 64)) do drop(m) end
+if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then drop(ARGV[1]) end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], #ARGV[2])
+local total, evicted = redis.call('INCRBY', KEYS[5], #ARGV[2]), 0
+while total > tonumber(ARGV[7]) do
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if oldest == nil or oldest == ARGV[1] then break end
+  drop(oldest)
+  evicted = evicted + 1
+  total = tonumber(redis.call('GET', KEYS[5]))
+end
+return evicted
+"""
+# PUT: store one response, drop expired ones' accounting, evict the oldest while over budget.
+#   KEYS: record, seen, order, sizes, bytes    ARGV: member, JSON, TTL (s), seen TTL (s),
+#   expires at, now, budget (bytes), record key prefix.  Returns how many were evicted.
+
+_DELETE = """
+local existed = redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+local size = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DECRBY', KEYS[5], size)
+return existed
+"""
+# DELETE: remove one response and its accounting. KEYS as PUT's; ARGV: member. Returns 1 if it was there.
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """One stored response.
+
+    Attributes:
+        response: the response object, as ``GET /v1/responses/{id}`` returns it.
+        input_items: this request's input items (``proxy.responses.items.input_items``).
+        conversation: the chat messages through this response's output, without instructions.
+        continuation: where a continuation starts (None: where it could not be rendered).
+    """
+
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]]
+    conversation: list[dict[str, Any]]
+    continuation: Continuation | None
+
+    def dumps(self) -> str:
+        """As JSON, the continuation's token ids as base64 of little-endian uint32 (4 bytes a token)."""
+        doc = asdict(self)
+        if (after := self.continuation) is not None:
+            ids = base64.b64encode(struct.pack(f"<{len(after.token_ids)}I", *after.token_ids)).decode()
+            doc["continuation"] |= {"token_ids": ids}
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> StoredResponse:
+        doc = json.loads(text)
+        after = doc["continuation"]
+        if after is not None:
+            raw = base64.b64decode(after["token_ids"])
+            after = Continuation(
+                list(struct.unpack(f"<{len(raw) // 4}I", raw)), after["rendered"], after["digest"]
+            )
+        return cls(doc["response"], doc["input_items"], doc["conversation"], after)
+
+
+class ResponseStore(Protocol):
+    """Where responses are kept. Every method may raise ``redis.RedisError``."""
+
+    def put(self, tenant: str, stored: StoredResponse) -> None:
+        """Keep ``stored`` under its response's id for ``tenant``."""
+
+    def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:
+        """The stored response; ``"gone"`` when it expired or was evicted; None when ``tenant``
+        never stored it (or deleted it)."""
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        """Remove a response; whether it was there."""
+
+
+def member(tenant: str, response_id: str) -> str:
+    return f"{xxhash.xxh3_64_hexdigest(tenant.encode())}:{response_id}"
+
+
+class RedisResponses:
+    """``ResponseStore`` on Redis (see the module docstring).
+
+    Args:
+        client: a Redis, Sentinel or Cluster client (``store.index.redis.connect``).
+        ttl_s: seconds a response is kept after it was created.
+        max_bytes: the budget of every stored response together (bytes of JSON).
+    """
+
+    def __init__(self, client: redis.Redis, key_prefix: str, ttl_s: int, max_bytes: int) -> None:
+        self.client, self.ttl_s, self.max_bytes = client, ttl_s, max_bytes
+        self.base = f"{key_prefix}{{responses}}:"
+        self._put, self._delete = client.register_script(_PUT), client.register_script(_DELETE)
+
+    def _keys(self, name: str) -> list[str]:
+        b = self.base
+        return [f"{b}r:{name}", f"{b}s:{name}", f"{b}order", f"{b}sizes", f"{b}bytes"]
+
+    def put(self, tenant: str, stored: StoredResponse) -> None:
+        name, now = member(tenant, stored.response["id"]), int(time.time())
+        args = [name, stored.dumps(), self.ttl_s, self.ttl_s + SEEN_EXTRA_S, now + self.ttl_s, now]
+        self._put(keys=self._keys(name), args=[*args, self.max_bytes, f"{self.base}r:"])
+
+    def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:
+        record, seen = self._keys(member(tenant, response_id))[:2]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(record)
+        pipe.exists(seen)
+        text, was_seen = pipe.execute()
+        if text is not None:
+            return StoredResponse.loads(text)
+        return "gone" if was_seen else None
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        name = member(tenant, response_id)
+        return bool(self._delete(keys=self._keys(name), args=[name]))
+
+
+class MemoryResponses:
+    """``ResponseStore`` in this process (``--redis-url memory://``): forgotten at restart."""
+
+    def __init__(self, ttl_s: int, max_bytes: int) -> None:
+        self.ttl_s, self.max_bytes = ttl_s, max_bytes
+        self._lock = threading.Lock()
+        self._records: dict[str, tuple[float, str]] = {}  # member -> (expires at, JSON), oldest first
+        self._seen: dict[str, float] = {}
+
+    def put(self, tenant: str, stored: StoredResponse) -> None:
+        name, now = member(tenant, stored.response["id"]), time.time()
+        with self._lock:
+            self._records.pop(name, None)
+            self._records[name] = (now + self.ttl_s, stored.dumps())
+            self._seen[name] = now + self.ttl_s + SEEN_EXTRA_S
+            while sum(len(t) for _, t in self._records.values()) > self.max_bytes and len(self._records) > 1:
+                del self._records[next(iter(self._records))]
+
+    def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:
+        name, now = member(tenant, response_id), time.time()
+        with self._lock:
+            expires, text = self._records.get(name, (0.0, ""))
+            if expires > now:
+                return StoredResponse.loads(text)
+            return "gone" if self._seen.get(name, 0.0) > now else None
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        name = member(tenant, response_id)
+        with self._lock:
+            self._seen.pop(name, None)
+            return self._records.pop(name, None) is not None
+
+
+STATE_TIMEOUT_S = 2.0
+"""The least time a Redis operation on stored responses may take: they are state, not cache, so
+a slow Redis delays them rather than losing them (the cache's ``--redis-timeout`` may be 0.25 s)."""
+
+
+def open_responses(settings: Settings) -> ResponseStore:
+    """The response store ``--redis-url`` names (in this process for ``memory://``), with
+    ``--responses-ttl`` and ``--responses-max-bytes``; nothing is contacted yet."""
+    ttl, budget = settings.responses_ttl, settings.responses_max_bytes
+    if settings.redis_url.startswith(MEMORY_URL):
+        return MemoryResponses(ttl, budget)
+    client = redis_client(settings.redis_url, max(settings.redis_timeout, STATE_TIMEOUT_S))
+    return RedisResponses(client, settings.key_prefix, ttl, budget)
