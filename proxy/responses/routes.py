@@ -13,7 +13,6 @@ import logging
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -28,7 +27,7 @@ from proxy.responses.items import chat_messages, input_items, output_items
 from proxy.responses.protocol import ResponsesRequest, responses_param
 from proxy.responses.state import ResponseStore, StoredResponse
 from proxy.serving.running import complete, written_tokens
-from proxy.serving.streaming import json_response, new_id, now
+from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.state import EngineDep, SettingsDep
 from store.index.redis.connect import REDIS_ERRORS
 
@@ -180,8 +179,7 @@ async def create(
         return response
 
     if body.stream:
-        stream = events(turn.started, turn.plan, dict(response), finish)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=turn.started.headers)
+        return event_stream(turn.started, events(turn.started, turn.plan, dict(response), finish))
     result = await complete(turn.started, request)
     assert result.finished is not None
     text, calls = turn.plan.read(result.text)

@@ -13,7 +13,7 @@ eviction are one script on one node). A *member* is ``{tenant digest}:{response 
                                         seconds after it was created
     ``{prefix}{responses}:s:{member}``  "seen", a week longer: an expired or evicted id is told
                                         apart from one that never existed (of this tenant)
-    ``{prefix}{responses}:order``       sorted set: member -> expiry time (Unix seconds)
+    ``{prefix}{responses}:order``       sorted set: member -> expiry time (Unix seconds, to the µs)
     ``{prefix}{responses}:sizes``       hash: member -> bytes; ``:bytes`` their sum, kept within
                                         ``--responses-max-bytes`` by evicting the oldest first
 
@@ -154,8 +154,9 @@ class RedisResponses:
         return [f"{b}r:{name}", f"{b}s:{name}", f"{b}order", f"{b}sizes", f"{b}bytes"]
 
     def put(self, tenant: str, stored: StoredResponse) -> None:
-        name, now = member(tenant, stored.response["id"]), int(time.time())
-        args = [name, stored.dumps(), self.ttl_s, self.ttl_s + SEEN_EXTRA_S, now + self.ttl_s, now]
+        name, now = member(tenant, stored.response["id"]), time.time()
+        expires = f"{now + self.ttl_s:.6f}"
+        args = [name, stored.dumps(), self.ttl_s, self.ttl_s + SEEN_EXTRA_S, expires, f"{now:.6f}"]
         self._put(keys=self._keys(name), args=[*args, self.max_bytes, f"{self.base}r:"])
 
     def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:

@@ -42,7 +42,6 @@ from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages
 from proxy.tools.spec import ToolSet
 
-
 Chat = tuple[list[dict[str, Any]], ToolSet | None]
 """A chat as its template takes it: the messages, and the tools (``proxy.tools.prompt``)."""
 

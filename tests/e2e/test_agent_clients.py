@@ -16,6 +16,7 @@ from agents import (
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
@@ -29,6 +30,7 @@ MODEL = "smollm2-135m-instruct"
 # NOTE: greedy, as agent loops run: a 135M model sampled at temperature 1 can write a string
 # argument until max_tokens, which no grammar can close in time (every client below runs greedy)
 N = 20  # requests per client and mode
+RUNS = 10  # agent runs on the Responses model per mode
 CITIES = (
     "Paris Rome Oslo Lima Cairo Tokyo Berlin Madrid Lisbon Dublin Vienna Prague Athens Seoul Delhi "
     "Nairobi Quito Havana Warsaw Helsinki"
@@ -154,6 +156,56 @@ def test_openai_agents_sdk_function_tool(server) -> None:
 
     outputs = asyncio.run(run_all())
     assert len(seen) == N and all(o.startswith("It is sunny in") for o in outputs)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_agents_sdk_default_responses_model(server, stream) -> None:
+    """The Agents SDK on its default model class, ``OpenAIResponsesModel`` (``/v1/responses``):
+    10 of 10 runs call the function with valid arguments and finish; a follow-up run chained by
+    ``previous_response_id`` sends only its new question, and reuses the first run's prompt."""
+    set_tracing_disabled(True)
+    seen: list[str] = []
+
+    @function_tool
+    def lookup_weather(city: str) -> str:
+        """Look up the weather in a city."""
+        seen.append(city)
+        return f"It is sunny in {city}."
+
+    model = OpenAIResponsesModel(
+        model=MODEL, openai_client=AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+    )
+    settings = ModelSettings(max_tokens=120, temperature=0)
+    agent = Agent(
+        name="weather",
+        instructions="Use the tool to answer.",
+        tools=[lookup_weather],
+        model=model,
+        model_settings=settings.resolve(ModelSettings(tool_choice="required")),
+        tool_use_behavior="stop_on_first_tool",
+    )
+
+    async def run(agent: Agent, question: str, **kwargs: object) -> object:
+        if not stream:
+            return await Runner.run(agent, question, **kwargs)
+        result = Runner.run_streamed(agent, question, **kwargs)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    async def run_all() -> tuple[list[str], object, object]:
+        outputs = [
+            (await run(agent, f"What's the weather in {city}?")).final_output for city in CITIES[:RUNS]
+        ]
+        first = await run(agent, "What's the weather in Paris?")
+        follow = await run(agent, "And in Rome?", previous_response_id=first.last_response_id)
+        return outputs, first, follow
+
+    outputs, first, follow = asyncio.run(run_all())
+    assert len(seen) == RUNS + 2 and all(o.startswith("It is sunny in") for o in outputs)
+    assert follow.final_output == "It is sunny in Rome." and seen[-1] == "Rome"
+    cached = follow.raw_responses[-1].usage.input_tokens_details.cached_tokens
+    assert cached >= first.raw_responses[-1].usage.input_tokens, cached
 
 
 TOOLS = [

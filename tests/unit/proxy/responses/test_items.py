@@ -1,0 +1,134 @@
+"""Responses input items as chat messages, field names as the Responses API names them, and what
+the router reads of each dialect's answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.http.errors import OpenAIError
+from proxy.responses.items import chat_messages, input_items, output_items
+from proxy.responses.protocol import ResponsesRequest, responses_param
+from proxy.router.replies import delta_text, reply_text, reply_usage, response_id
+from proxy.tools.spec import ToolCall
+
+
+def test_items_become_the_chat_an_agent_loop_would_send() -> None:
+    """An assistant message and the calls after it are one assistant turn; a call's output is a
+    tool message answering it."""
+    items = input_items(
+        [
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "checking"}]},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        ]
+    )
+    assert all(item["id"] for item in items)
+    assert chat_messages(items) == [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": "checking",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Oslo"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    assert input_items("hi")[0]["content"] == [{"type": "input_text", "text": "hi"}]
+
+
+def test_output_items_round_trip_to_chat() -> None:
+    calls = [ToolCall("call_1", "w", '{"city": "Oslo"}')]
+    assert [i["type"] for i in output_items("", calls, True)] == ["function_call"]
+    assert [i["type"] for i in output_items("", [], True)] == ["message"]
+    assert chat_messages(output_items("", calls, True)) == [
+        {"role": "assistant", "content": None, "tool_calls": [calls[0].as_openai()]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({"role": "tool", "content": "x"}, "input[0].role"),
+        ({"type": "function_call", "name": "w", "arguments": "{}"}, "input[0].call_id"),
+        ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),
+        ({"role": "user", "content": [{"type": "input_file"}]}, "input[0].content[0]"),
+        ({"type": "reasoning"}, "input[0].type"),
+    ],
+)
+def test_bad_items_name_their_field(item, param) -> None:
+    with pytest.raises(OpenAIError) as err:
+        input_items([item])
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("chat", "ours"),
+    [
+        ("messages[3].content", "input"),
+        ("max_tokens", "max_output_tokens"),
+        ("response_format.json_schema.name", "text.format.name"),
+        ("tools[2].function.parameters", "tools[2].parameters"),
+        ("tool_choice", "tool_choice"),
+        (None, None),
+    ],
+)
+def test_chat_fields_are_named_as_responses_names_them(chat, ours) -> None:
+    assert responses_param(chat) == ours
+
+
+def test_request_as_chat_fields() -> None:
+    body = ResponsesRequest(
+        model="m",
+        input="x",
+        max_output_tokens=5,
+        tools=[{"type": "function", "name": "w", "parameters": {"type": "object"}}],
+        tool_choice={"type": "function", "name": "w"},
+        text={"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": True}},
+    )
+    fields = body.chat_fields()
+    assert fields["max_completion_tokens"] == 5
+    assert fields["tools"] == [
+        {"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}
+    ]
+    assert fields["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert fields["response_format"]["json_schema"] == {
+        "name": "n",
+        "schema": {"type": "object"},
+        "strict": True,
+    }
+
+
+def test_router_reads_every_dialect() -> None:
+    delta = {"type": "response.output_text.delta", "delta": "hi"}
+    assert delta_text("responses", delta) == "hi"
+    block = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "yo"}}
+    assert delta_text("messages", block) == "yo"
+    assert delta_text("chat", {"choices": [{"index": 0, "delta": {"content": "c"}}]}) == "c"
+    body = {
+        "object": "response",
+        "id": "resp_1",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": "a"}]}],
+    }
+    assert reply_text("responses", body) == "a" and response_id(body) == "resp_1"
+    assert response_id({"type": "response.created", "response": {"id": "resp_2"}}) == "resp_2"
+    assert reply_text("messages", {"content": [{"type": "text", "text": "b"}, {"type": "tool_use"}]}) == "b"
+    usage = {"usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}}}
+    assert reply_usage("responses", usage) == {
+        "prompt_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    start = {
+        "type": "message_start",
+        "message": {
+            "usage": {"input_tokens": 1, "cache_read_input_tokens": 5, "cache_creation_input_tokens": 2}
+        },
+    }
+    assert reply_usage("messages", start) == {
+        "prompt_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 5},
+    }
+    assert reply_usage("messages", {"type": "message_delta", "usage": {"output_tokens": 3}}) is None
