@@ -47,7 +47,6 @@ class ResponseEvents:
             if isinstance(piece, Text) and piece.text:
                 if self._open is None or self._open["type"] != "message":
                     out += self._close() + self._add(message_item(call_id("msg_"), None))
-                    out.append(self._part_event("response.content_part.added", ""))
                 self._open["content"][0]["text"] += piece.text  # type: ignore[index]
                 out.append(self._delta("response.output_text.delta", piece.text))
             elif isinstance(piece, CallStart):
@@ -59,23 +58,22 @@ class ResponseEvents:
 
     def end(self, complete: bool) -> list[str]:
         """Close the open item (a message with no text when there was none at all)."""
-        out: list[str] = []
-        if not self.output:
-            out = self._add(message_item(call_id("msg_"), None))
-            out.append(self._part_event("response.content_part.added", ""))
-        return out + self._close(complete)
+        opened = [] if self.output else self._add(message_item(call_id("msg_"), None))
+        return opened + self._close(complete)
 
     def _add(self, item: dict[str, Any]) -> list[str]:
-        if item["type"] == "message":
-            item["content"] = [text_part("")]
+        """Open ``item``: its ``output_item.added`` event (and a message's ``content_part.added``)."""
         self.output.append(item)
         self._open = item
-        return [self._added_event()]
+        if item["type"] != "message":
+            return [self._added_event()]
+        added = self._added_event()
+        item["content"] = [text_part("")]
+        return [added, self._part_event("response.content_part.added", "")]
 
     def _added_event(self) -> str:
         assert self._open is not None
-        item = self._open | ({"content": []} if self._open["type"] == "message" else {})
-        return self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)
+        return self.event("response.output_item.added", output_index=len(self.output) - 1, item=self._open)
 
     def _where(self) -> dict[str, Any]:
         assert self._open is not None

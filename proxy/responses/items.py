@@ -3,9 +3,10 @@ with an id, as ``input_items`` lists them), as chat messages (what the chat temp
 and the ``output`` items of an answer.
 
 Input items served: messages (``user``, ``system``, ``developer``, ``assistant``; text parts
-``input_text`` and ``output_text``), ``function_call`` and ``function_call_output``. A
-``function_call`` and the assistant message before it are one assistant turn with tool calls,
-as the chat API writes it. Source: the OpenAI API reference, Responses (input items; output).
+``input_text``, ``output_text`` and an assistant's ``refusal``), ``function_call`` and
+``function_call_output``. A ``function_call`` and the assistant message before it are one
+assistant turn with tool calls, as the chat API writes it. Source: the OpenAI API reference,
+Responses (input items; output).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.http.errors import OpenAIError
-from proxy.tools.spec import ToolCall, call_id
+from proxy.tools.spec import NOT_JSON, ToolCall, call_id, json_value
 
 ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = ("input_text", "output_text", "text")
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
 def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,11 +83,34 @@ def _text(content: object, param: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        if kind not in TEXT_PARTS:
             reason = f"content parts of type `{kind}` are not supported; send text"
             raise OpenAIError(400, reason, param=f"{param}[{j}]")
-        texts.append(part["text"])
+        field = "refusal" if kind == "refusal" else "text"
+        if not isinstance(part.get(field), str):
+            raise OpenAIError(400, f"a `{kind}` part has a string `{field}`", param=f"{param}[{j}].{field}")
+        texts.append(part[field])
     return "".join(texts)
+
+
+def check_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
+    """Each ``function_call_output`` answers a call made before it (in the stored history or
+    an earlier item), and each ``function_call``'s arguments are JSON.
+
+    Raises:
+        OpenAIError: 400 naming ``input[i]...``.
+    """
+    made = {call.get("id") for message in history for call in message.get("tool_calls") or []}
+    for i, item in enumerate(items):
+        if item["type"] == "function_call":
+            if item["arguments"] != "" and json_value(item["arguments"]) is NOT_JSON:
+                raise OpenAIError(
+                    400, "a function_call's arguments are JSON text", param=f"input[{i}].arguments"
+                )
+            made.add(item["call_id"])
+        elif item["type"] == "function_call_output" and item["call_id"] not in made:
+            reason = f"no function_call with call_id '{item['call_id']}' comes before this output"
+            raise OpenAIError(400, reason, param=f"input[{i}].call_id")
 
 
 def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -122,7 +146,7 @@ def output_items(text: str, calls: list[ToolCall], complete: bool) -> list[dict[
 def message_item(item_id: str, text: str | None, complete: bool = True) -> dict[str, Any]:
     """An output message (``text`` None: just opened, no content part yet)."""
     content = [] if text is None else [text_part(text)]
-    status = "completed" if complete else "incomplete" if text is not None else "in_progress"
+    status = "in_progress" if text is None else "completed" if complete else "incomplete"
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 

@@ -23,8 +23,8 @@ from proxy.openai.chat import ChatTurn, start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
 from proxy.responses.events import events
-from proxy.responses.items import chat_messages, input_items, output_items
-from proxy.responses.protocol import ResponsesRequest, responses_param
+from proxy.responses.items import chat_messages, check_calls, input_items, output_items
+from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param
 from proxy.responses.state import ResponseStore, StoredResponse
 from proxy.serving.running import complete, written_tokens
 from proxy.serving.streaming import event_stream, json_response, new_id, now
@@ -134,12 +134,15 @@ async def create(
     responses: ResponsesDep,
 ) -> Any:
     if (unsupported := body.unsupported_field()) is not None:
-        raise OpenAIError(400, unsupported[1], param=unsupported[0], code="unsupported_parameter")
+        param, reason = unsupported
+        code = "unsupported_parameter" if param in UNSUPPORTED else None
+        raise OpenAIError(400, reason, param=param, code=code)
     previous = None
     if body.previous_response_id is not None:
         previous = await stored(responses, tenant, body.previous_response_id, "previous_response_id")
     items = input_items(body.input)
     history = previous.conversation if previous is not None else []
+    check_calls(history, items)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     chat, turn = await start_turn(
         body, request, engine, settings, tenant, system + history + chat_messages(items), previous
@@ -150,10 +153,10 @@ async def create(
     async def finish(
         output: list[dict[str, Any]], finished: Finished, generated: list[int], text: str
     ) -> dict[str, Any]:
-        complete_ = finished.finish_reason != "length"
+        whole = finished.finish_reason != "length"
         response.update(
-            status="completed" if complete_ else "incomplete",
-            incomplete_details=None if complete_ else {"reason": "max_output_tokens"},
+            status="completed" if whole else "incomplete",
+            incomplete_details=None if whole else {"reason": "max_output_tokens"},
             output=output,
             completed_at=now(),
             usage=usage(done.prompt_tokens, done.cached_tokens, written, finished.completion_tokens),

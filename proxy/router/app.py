@@ -4,9 +4,10 @@ tokenizer and its chat template.
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
 ``/v1/messages`` (routed and forwarded; a Responses request continuing a stored response goes to
 the replica that answered it), ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items`` (to
-that replica), ``POST /v1/messages/count_tokens``, ``/tokenize`` and ``/detokenize`` (passed on),
-``GET /v1/models`` (the union of the replicas'), ``GET /health``, ``GET /metrics``,
-``GET /stats`` and ``GET /dashboard`` (predicted against reported hit rate per replica).
+that replica), ``POST /v1/messages/count_tokens``, ``/tokenize``, ``/detokenize`` and
+``GET /version`` (passed on), ``GET /v1/models`` (the union of the replicas'), ``GET /health``,
+``GET /metrics``, ``GET /stats`` and ``GET /dashboard`` (predicted against reported hit rate per
+replica).
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ async def stored_response(request: Request, response_id: str, tenant: RouteTenan
 @api.post("/v1/messages/count_tokens", dependencies=[Depends(route_tenant)])
 @api.post("/tokenize", dependencies=[Depends(route_tenant)])
 @api.post("/detokenize", dependencies=[Depends(route_tenant)])
+@api.get("/version")
 async def no_prompt(request: Request) -> Response:
     """Routes that compute nothing worth routing for: the least loaded replica answers."""
     return await pass_through(_router(request), request)

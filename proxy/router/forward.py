@@ -156,6 +156,7 @@ async def pass_through(router: Router, request: Request, prefer: str | None = No
         replica = next(
             (r for r in candidates if r.url == prefer), min(candidates, key=lambda r: loads[r.url])
         )
+        decision: Decision = "retry" if tried else "affinity" if replica.url == prefer else "least_loaded"
         base = replica.url if request.url.path.startswith("/v1/") else replica.root
         router.started(replica)
         try:
@@ -183,7 +184,7 @@ async def pass_through(router: Router, request: Request, prefer: str | None = No
         return Response(
             response.content,
             status_code=response.status_code,
-            headers=out | {"x-kvproxy-replica": replica.url},
+            headers=out | {"x-kvproxy-replica": replica.url, "x-kvproxy-route": decision},
         )
 
 

@@ -6,6 +6,7 @@ the router keeps routing on its own in-flight counts (``/health`` says ``degrade
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections import OrderedDict
@@ -88,6 +89,8 @@ class Router:
             self.turn,
             self.rng,
         )
+        # NOTE: a continuation's prompt is held whole, however short its new input (the router's count)
+        choice = dataclasses.replace(choice, predicted_tokens=min(choice.predicted_tokens, key.prompt_tokens))
         log.debug(
             "%s -> %s (%s, %d tokens held)", kind, choice.replica, choice.decision, choice.predicted_tokens
         )

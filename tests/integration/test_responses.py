@@ -135,6 +135,7 @@ def test_streamed_events_in_documented_order(settings, tiny_model, serve) -> Non
     final = events[-1].response
     assert final.output_text == "".join(d.delta for d in deltas) == plain.output_text
     assert final.output[0].id == events[2].item.id == deltas[0].item_id
+    assert events[2].item.status == "in_progress" and final.output[0].status in ("completed", "incomplete")
     assert final.usage.input_tokens == plain.usage.input_tokens
 
 
@@ -269,7 +270,12 @@ def test_text_format_json_schema(cached) -> None:
         ({"input": "hi", "background": True}, "background"),
         ({"input": "hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
         ({}, "input"),
-        ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input"),
+        ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input[0].call_id"),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "w", "arguments": "{bad"}]},
+            "input[0].arguments",
+        ),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
     ],
 )
 def test_bad_requests_name_the_field(cached, body, param) -> None:

@@ -81,7 +81,7 @@ def test_responses_conversation_sticks_to_its_replica_and_hits(routed) -> None:
         client.responses.retrieve(previous)
 
 
-def test_tokenize_detokenize_and_count_tokens_pass_through(routed) -> None:
+def test_tokenize_detokenize_count_tokens_and_version_pass_through(routed) -> None:
     front, replicas = routed
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
     via = httpx.post(f"{front.base_url}/tokenize", json=body).json()
@@ -90,8 +90,12 @@ def test_tokenize_detokenize_and_count_tokens_pass_through(routed) -> None:
     text = httpx.post(f"{front.base_url}/detokenize", json={"model": "tiny", "tokens": via["tokens"]})
     assert text.status_code == 200 and "hello there" in text.json()["prompt"]
     messages = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
-    counted = httpx.post(f"{front.base_url}/v1/messages/count_tokens", json=messages).json()
-    assert counted == {"input_tokens": via["count"]}
+    counted = httpx.post(f"{front.base_url}/v1/messages/count_tokens", json=messages)
+    assert counted.json() == {"input_tokens": via["count"]}
+    assert counted.headers["x-kvproxy-route"] == "least_loaded"
+    assert (
+        httpx.get(f"{front.base_url}/version").json() == httpx.get(f"{replicas[0].base_url}/version").json()
+    )
 
 
 def test_each_dialect_hashes_as_the_replica_renders(routed, tiny_model) -> None:
