@@ -87,7 +87,7 @@ class ResponseEvents:
         return self.event(kind, **self._where(), **extra, delta=delta)
 
     def _close(self, complete: bool = True) -> list[str]:
-        item, out = self._open, []
+        item, out = self._open, list[str]()
         if item is None:
             return out
         if item["type"] == "message":

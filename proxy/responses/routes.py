@@ -113,7 +113,8 @@ async def start_turn(
     after = previous.continuation if previous is not None else None
     try:
         chat = ChatCompletionRequest.model_validate({"messages": messages} | body.chat_fields())
-        turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, after and after.prompt)
+        prompt_of = after.prompt if after is not None else None
+        turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, prompt_of)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = responses_param(".".join(str(p) for p in first.get("loc", ())) or None)

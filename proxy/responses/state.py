@@ -156,7 +156,14 @@ class RedisResponses:
     def put(self, tenant: str, stored: StoredResponse) -> None:
         name, now = member(tenant, stored.response["id"]), time.time()
         expires = f"{now + self.ttl_s:.6f}"
-        args = [name, stored.dumps(), self.ttl_s, self.ttl_s + SEEN_EXTRA_S, expires, f"{now:.6f}"]
+        args: list[str | int] = [
+            name,
+            stored.dumps(),
+            self.ttl_s,
+            self.ttl_s + SEEN_EXTRA_S,
+            expires,
+            f"{now:.6f}",
+        ]
         self._put(keys=self._keys(name), args=[*args, self.max_bytes, f"{self.base}r:"])
 
     def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:
