@@ -4,10 +4,11 @@ Three implementations of one contract (``Decoder``):
 
 - ``engine.kernels.native.NativeDecoder``: the whole step in one C++ call, on the source's block
   codes (``source`` weights) or float32 rows; pre-norm Llama-family decoders on the CPU.
-- ``LeanDecoder`` walks the model's own modules (norms, projections, rotary embedding, MLP, head)
-  layer by layer with nothing else: no masks to build, no output recording, no cache objects
-  beyond each sequence's own K/V. For a small model on a CPU, transformers' general forward
-  spends more time in Python than in arithmetic for one token; this step does not.
+- ``LeanDecoder`` walks the model's own modules (norms, projections, rotary embedding, MLP, head;
+  Gemma's soft-capping and extra norms too) layer by layer with nothing else: no masks to build,
+  no output recording, no cache objects beyond each sequence's own K/V. For a small model on a
+  CPU, transformers' general forward spends more time in Python than in arithmetic for one
+  token; this step does not.
 - ``TransformersDecoder`` is transformers' own forward (``engine.forward``), for every model.
 
 ``pick_decoder`` takes the first of native, lean that supports the model and, checked on the
@@ -18,6 +19,7 @@ transformers. Prefill always runs transformers' forward.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -31,7 +33,8 @@ from engine.kernels.native import NativeDecoder
 from engine.kernels.native import unsupported as native_unsupported
 from engine.kv import past_from_blocks
 from engine.lean_layers import LayerStep, decode_fn
-from engine.model.loading import LoadedModel, sliding_window
+from engine.model.layers import layer_windows
+from engine.model.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +79,17 @@ class LeanDecoder:
     def __init__(self, model: Any) -> None:
         if (reason := self.unsupported(model)) is not None:
             raise ValueError(reason)
-        inner = model.model
+        inner, config = model.model, model.config
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm.forward, inner.rotary_emb
         self.head = decode_fn(model.lm_head)
-        rope = importlib.import_module(type(model).__module__).apply_rotary_pos_emb
-        self.layers = [LayerStep(layer, rope) for layer in inner.layers]
+        self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2
+        family = importlib.import_module(type(model).__module__)
+        windows = layer_windows(config)
+        self.layers = [LayerStep(layer, family, w) for layer, w in zip(inner.layers, windows, strict=True)]
+        # NOTE: Gemma 3's rotary embedding has a base per layer type (local and global layers)
+        self.types: list[str | None] = [None] * len(self.layers)
+        if "layer_type" in inspect.signature(self.rotary.forward).parameters:
+            self.types = list(config.layer_types)
 
     @staticmethod
     def unsupported(model: Any) -> str | None:
@@ -92,20 +101,18 @@ class LeanDecoder:
             return "not a decoder with embed_tokens, layers, norm and rotary_emb"
         if not hasattr(importlib.import_module(type(model).__module__), "apply_rotary_pos_emb"):
             return "no apply_rotary_pos_emb beside the model"
-        config = model.config
-        for flag in ("attn_logit_softcapping", "final_logit_softcapping"):
-            if getattr(config, flag, None):
-                return f"config.{flag} is set"
-        if sliding_window(config):
-            return "its attention has a sliding window"
         layer = inner.layers[0]
         if not all(
             hasattr(layer, a) for a in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
         ):
             return "layers are not pre-norm (input_layernorm, self_attn, post_attention_layernorm, mlp)"
-        if hasattr(layer, "pre_feedforward_layernorm") or hasattr(layer, "post_feedforward_layernorm"):
-            return "layers have extra feed-forward norms"
+        if hasattr(layer, "pre_feedforward_layernorm") != hasattr(layer, "post_feedforward_layernorm"):
+            return "layers have one feed-forward norm of Gemma's two"
         attn = layer.self_attn
+        if getattr(attn, "attn_logit_softcapping", None) and not hasattr(
+            importlib.import_module(type(model).__module__), "eager_attention_forward"
+        ):
+            return "soft-capped attention without an eager_attention_forward beside the model"
         if not (hasattr(attn, "qkv_proj") or all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj"))):
             return "attention has no q/k/v projections"
         return None
@@ -117,10 +124,17 @@ class LeanDecoder:
         device = self.embed.weight.device
         rows = len(token_ids)
         x = self.embed(torch.tensor(token_ids, device=device))  # [rows, hidden]
-        cos, sin = self.rotary(x, torch.tensor(positions, device=device).view(rows, 1))  # [rows, 1, head_dim]
-        for i, step in enumerate(self.layers):
+        at = torch.tensor(positions, device=device).view(rows, 1)
+        rotary = {  # cos, sin: [rows, 1, head_dim]
+            kind: self.rotary(x, at) if kind is None else self.rotary(x, at, kind) for kind in set(self.types)
+        }
+        for i, (step, kind) in enumerate(zip(self.layers, self.types, strict=True)):
+            cos, sin = rotary[kind]
             x = step(x, cos, sin, [past.layers[i] for past in pasts])
-        return self.head(self.norm(x)).float()
+        logits = self.head(self.norm(x))
+        if self.softcap:  # NOTE: as transformers' Gemma 2 head: logits / cap, tanh, * cap
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.float()
 
 
 def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decoder:
@@ -166,10 +180,18 @@ def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decod
     return reference
 
 
+CHECKED_WINDOW = 512
+"""Sliding windows up to this many tokens are crossed by the start-up check's prompts (a longer
+one would cost a long prefill at every start; the tests cross such windows)."""
+
+
 def _disagreement(candidate: Decoder, reference: TransformersDecoder, like: torch.Tensor) -> float:
-    """Max |lean - reference| logits over two decode steps, relative to the largest logit."""
+    """Max |lean - reference| logits over two decode steps, relative to the largest logit; the
+    prompts are longer than the model's shortest sliding window, up to ``CHECKED_WINDOW``."""
     pool = BufferPool(like, keep=0, granule=16)
-    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    windows = [w for w in layer_windows(reference.model.config) if w is not None and w <= CHECKED_WINDOW]
+    extra = min(windows, default=0)
+    prompts = [[1 + i % 7 for i in range(extra + 5)], [6 + i % 3 for i in range(extra + 3)]]
     results = []
     for decoder in (candidate, reference):
         pasts = [past_from_blocks([], 0, pool.acquire(len(p) + 2)) for p in prompts]

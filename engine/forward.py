@@ -119,7 +119,7 @@ def decode_batch(
         cache=RowsPast(pasts),
         position_ids=torch.tensor(positions, device=device).view(batch, 1),
         # NOTE: a ready 4-D mask makes transformers skip building one; rows need none (one query
-        # token attends to its whole past).
+        # token attends to its whole past, or to its window: ``_attention``).
         attention_mask=torch.ones((batch, 1, 1, 1), dtype=torch.bool, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -162,13 +162,20 @@ def _attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Any]:
     """The model's own attention implementation, or, for ``RowKV``, that implementation row by
-    row (query ``[batch, heads, 1, head_dim]``, each row on its own K/V, no mask); returns
-    ``[batch, q_len, heads, head_dim]``."""
+    row (query ``[batch, heads, 1, head_dim]``, each row on its own K/V, or the last
+    ``sliding_window`` positions of it, no mask); returns ``[batch, q_len, heads, head_dim]``."""
     base = _base_attention(module)
     if not isinstance(key, RowKV):
         assert not isinstance(value, RowKV)
         return base(module, query, key, value, attention_mask, **kwargs)
-    rows = [base(module, query[b : b + 1], k, v, None, **kwargs)[0] for b, (k, v) in enumerate(key)]
+    # NOTE: a sliding-window layer (transformers passes its window) attends to the last W
+    # positions of the row's past, its own included (engine.model.layers)
+    window = kwargs.get("sliding_window")
+    start = -window if window else None
+    rows = [
+        base(module, query[b : b + 1], k[:, :, start:], v[:, :, start:], None, **kwargs)[0]
+        for b, (k, v) in enumerate(key)
+    ]
     return torch.cat(rows), None
 
 

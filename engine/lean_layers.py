@@ -1,11 +1,13 @@
 """The pieces of the lean decode step (``engine.decoding.LeanDecoder``): a pre-norm decoder layer
-for one new token per row, its gated MLP and norms, computed with the model's own weights and
-operations, in the same order as transformers' forward of that layer.
+(Llama's, or Gemma's with norms after each sublayer too) for one new token per row, its gated MLP
+and norms, computed with the model's own weights and operations, in the same order as
+transformers' forward of that layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, cast
 
 import torch
@@ -42,12 +44,30 @@ def decode_fn(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 
 class LayerStep:
     """One pre-norm decoder layer for one new token per row (activations ``[rows, hidden]``): the
-    same operations, in the same order, as transformers' forward of that layer."""
+    same operations, in the same order, as transformers' forward of that layer; with a
+    ``window`` (tokens), attention reads the last ``window`` positions of each row's past
+    (``engine.model.layers``)."""
 
-    def __init__(self, layer: Any, rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(self, layer: Any, family: ModuleType, window: int | None = None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.norm1, self.norm2 = norm_fn(layer.input_layernorm), norm_fn(layer.post_attention_layernorm)
-        self.rope = rope
+        self.start = -window if window else None
+        self.norm1 = norm_fn(layer.input_layernorm)
+        # NOTE: Gemma's layers norm each sublayer's output too: the attention's through
+        # post_attention_layernorm, the MLP's between pre_ and post_feedforward_layernorm
+        self.sandwich = hasattr(layer, "pre_feedforward_layernorm")
+        if self.sandwich:
+            self.post_attn = norm_fn(layer.post_attention_layernorm)
+            self.norm2, self.post_mlp = (
+                norm_fn(layer.pre_feedforward_layernorm),
+                norm_fn(layer.post_feedforward_layernorm),
+            )
+        else:
+            self.norm2 = norm_fn(layer.post_attention_layernorm)
+        rope = self.rope = family.apply_rotary_pos_emb
+        # NOTE: soft-capped attention scores (Gemma 2) are computed by the family's own eager
+        # attention, as transformers' forward of the model does
+        self.attn, self.softcap = attn, getattr(attn, "attn_logit_softcapping", None)
+        self.eager = family.eager_attention_forward if self.softcap else None
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.heads, self.kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
@@ -72,8 +92,11 @@ class LayerStep:
     def __call__(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[Any]
     ) -> torch.Tensor:
-        x = x + self._attention(self.norm1(x), cos, sin, caches)
-        return x + self.mlp(self.norm2(x))
+        if not self.sandwich:
+            x = x + self._attention(self.norm1(x), cos, sin, caches)
+            return x + self.mlp(self.norm2(x))
+        x = x + self.post_attn(self._attention(self.norm1(x), cos, sin, caches))
+        return x + self.post_mlp(self.mlp(self.norm2(x)))
 
     def _attention(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[Any]
@@ -97,7 +120,14 @@ class LayerStep:
         outputs = []
         for b, cache in enumerate(caches):
             keys, values = cache.update(k[b : b + 1], v[b : b + 1])
-            outputs.append(attend(q[b : b + 1], keys, values, scale=self.scaling, enable_gqa=True))
+            keys, values = keys[:, :, self.start :], values[:, :, self.start :]
+            if self.eager is not None:
+                row = self.eager(
+                    self.attn, q[b : b + 1], keys, values, None, scaling=self.scaling, softcap=self.softcap
+                )
+                outputs.append(row[0].transpose(1, 2))  # NOTE: eager's [1, 1, heads, dim], as SDPA's
+            else:
+                outputs.append(attend(q[b : b + 1], keys, values, scale=self.scaling, enable_gqa=True))
         out = outputs[0] if rows == 1 else torch.cat(outputs)
         return self.o(out.reshape(rows, -1))
 

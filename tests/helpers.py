@@ -109,8 +109,37 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 16, "layer_types": ["full_attention"] * 2}),
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, {"head_dim": 16, "layer_types": ["full_attention"] * 2}),
     "phi3": (Phi3Config, Phi3ForCausalLM, {"sliding_window": None}),  # fused qkv and gate_up
+    # sliding windows shorter than the tests' prompts, between block boundaries
+    "mistral-window": (MistralConfig, MistralForCausalLM, {"sliding_window": 48}),
+    "qwen2-window": (  # layers from max_window_layers on slide
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        {"use_sliding_window": True, "sliding_window": 48, "max_window_layers": 1},
+    ),
+    "phi3-window": (Phi3Config, Phi3ForCausalLM, {"sliding_window": 48}),
+    "gemma2-window": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        {  # NOTE: a soft cap the tiny model's attention scores reach (Gemma 2's own is 50)
+            "head_dim": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 48,
+            "attn_logit_softcapping": 0.01,
+        },
+    ),
+    "gemma3-window": (  # interleaved local and global layers, each with its own rotary base
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {
+            "head_dim": 16,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+            "sliding_window": 48,
+        },
+    ),
 }
-"""Tiny configurations of each model family kvproxy claims (every layer full attention)."""
+"""Tiny configurations of each model family kvproxy claims: every layer full attention, and
+(``-window``) with sliding-window layers."""
 
 
 def build_tiny_model(

@@ -22,7 +22,7 @@ class Linear(ctypes.Structure):
 
 class Layer(ctypes.Structure):
     """``struct Layer``: one decoder layer's norms (float32 ``[hidden]``, or ``[head_dim]`` for
-    q/k norms; null when absent) and projections."""
+    q/k norms; null when absent), projections, and sliding window in positions (0: none)."""
 
     _fields_ = [
         ("attn_norm", ctypes.c_void_p),
@@ -36,6 +36,8 @@ class Layer(ctypes.Structure):
         ("gate", Linear),
         ("up", Linear),
         ("down", Linear),
+        ("window", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
     ]
 
 

@@ -38,6 +38,7 @@ struct Layer {
     const float* k_norm;
     const float* ffn_norm;           // [hidden]
     Linear gate, up, down;
+    int32_t window, pad;             // sliding window in positions (the last ``window``), 0: all
 };
 
 struct Model {
@@ -337,6 +338,9 @@ void kvp_gather(float* dst, int64_t layers, int64_t heads, int64_t capacity, int
     }
 }
 
+// The first position a query at position n - 1 attends to in layer L.
+inline int first(const Layer& L, int n) { return L.window > 0 ? std::max(0, n - L.window) : 0; }
+
 // Bytes of scratch ``kvp_decode`` needs for B sequences whose longest past is ``max_len``.
 int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
     const int qd = m->n_heads * m->head_dim, qkv = qd + 2 * m->n_kv_heads * m->head_dim;
@@ -349,7 +353,7 @@ int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
 // One decode step: token ``tokens[s]`` at position ``positions[s]`` of each sequence s < B.
 // k_cache[s * n_layers + l] (v_cache likewise) points at layer l's K of sequence s, laid out
 // [n_kv_heads, capacity[s], head_dim]; the new K/V are written at the position, attention reads
-// positions [0, position]. logits: [B, vocab]. scratch: kvp_scratch_floats(m, B, max position + 1).
+// positions [0, position], or (layer window W > 0) [position - W + 1, position]. logits: [B, vocab]. scratch: kvp_scratch_floats(m, B, max position + 1).
 // threads: the OpenMP team's size (torch's, so the cores are shared by one team).
 void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* positions, float** k_cache,
                 float** v_cache, const int64_t* capacity, float* logits, float* scratch, int threads) {
@@ -433,7 +437,8 @@ void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* pos
 #pragma omp for schedule(static)
             for (int i = 0; i < B * NKV * chunks; i++) {
                 const int s = i / (NKV * chunks), kvh = (i / chunks) % NKV, c = i % chunks;
-                const int n = int(positions[s]) + 1, t0 = c * CHUNK, t1 = std::min(n, t0 + CHUNK);
+                const int n = int(positions[s]) + 1, t1 = std::min(n, c * CHUNK + CHUNK);
+                const int t0 = std::max(c * CHUNK, first(L, n));
                 const float* kc = k_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
                 for (int t = t0; t < t1; t++)
                     for (int g = 0; g < group; g++) {
@@ -443,17 +448,18 @@ void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* pos
             }
 #pragma omp for schedule(static)
             for (int i = 0; i < B * NH; i++) {
-                const int n = int(positions[i / NH]) + 1;
+                const int n = int(positions[i / NH]) + 1, t0 = first(L, n);
                 float* p = probs + size_t(i) * max_len;
                 float top = -INFINITY;
-                for (int t = 0; t < n; t++) top = p[t] > top ? p[t] : top;
-                const float inv = 1.0f / exp_shifted(p, n, top);
-                for (int t = 0; t < n; t++) p[t] *= inv;
+                for (int t = t0; t < n; t++) top = p[t] > top ? p[t] : top;
+                const float inv = 1.0f / exp_shifted(p + t0, n - t0, top);
+                for (int t = t0; t < n; t++) p[t] *= inv;
             }
 #pragma omp for schedule(static)
             for (int i = 0; i < B * NKV * chunks; i++) {
                 const int s = i / (NKV * chunks), kvh = (i / chunks) % NKV, c = i % chunks;
-                const int n = int(positions[s]) + 1, t0 = c * CHUNK, t1 = std::min(n, t0 + CHUNK);
+                const int n = int(positions[s]) + 1, t1 = std::min(n, c * CHUNK + CHUNK);
+                const int t0 = std::max(c * CHUNK, first(L, n));
                 const float* vc = v_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
                 float* part = partial + size_t(i) * group * D;
                 for (int j = 0; j < group * D; j++) part[j] = 0;

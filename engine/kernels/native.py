@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from engine.buffers import GrowingLayer
 from engine.kernels.abi import Layer, Linear, Model
 from engine.model.codes import KINDS, Codes
+from engine.model.layers import layer_windows
 
 
 def unsupported(model: Any) -> str | None:
@@ -30,7 +31,7 @@ def unsupported(model: Any) -> str | None:
         return "not a decoder with layers and a rotary embedding"
     if getattr(config, "partial_rotary_factor", 1.0) not in (None, 1.0):
         return "its rotary embedding covers part of each head"
-    for flag in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window_pattern"):
+    for flag in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, flag, None):
             return f"config.{flag} is set"
     if getattr(config, "hidden_act", "silu") != "silu":
@@ -85,7 +86,7 @@ class NativeDecoder:
         q_rows = config.num_attention_heads * self.head_dim
         kv_rows = config.num_key_value_heads * self.head_dim
         layers = []
-        for layer in inner.layers:
+        for layer, window in zip(inner.layers, layer_windows(config), strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             if hasattr(attn, "qkv_proj"):
                 q, k, v = (
@@ -120,6 +121,8 @@ class NativeDecoder:
                     gate,
                     up,
                     linear(mlp.down_proj),
+                    window or 0,
+                    0,
                 )
             )
         self._layers = (Layer * len(layers))(*layers)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from engine.kernels.build import KernelUnavailable
@@ -24,6 +24,7 @@ from engine.model.codes import Codes, source_codes
 from engine.model.convert import convert_gguf
 from engine.model.fetch import SOURCE_GGUF, ModelError
 from engine.model.formats import resolve_formats
+from engine.model.layers import describe, layer_windows, refusal
 from engine.model.resolve import model_fingerprint, resolve_model_dir
 from hashing import Namespace, NamespaceIdentity
 from store.interface import KVSpec
@@ -86,6 +87,11 @@ class LoadedModel:
         """E.g. ``"float32 activations and K/V, source weights, on cpu"``."""
         return f"{self.kv_spec.dtype} activations and K/V, {self.weights} weights, on {self.device.type}"
 
+    @property
+    def attention(self) -> str:
+        """What the layers attend to, e.g. ``"30 layers, full attention"`` (``engine.model.layers``)."""
+        return describe(layer_windows(self.model.config))
+
     def identity(self, tenant: str) -> NamespaceIdentity:
         """The cache identity of ``tenant``'s K/V computed by this model, formats and device."""
         return _for_tenant(self.base_identity, tenant)
@@ -108,8 +114,8 @@ def load_model(
 
     Raises:
         ModelError: missing model, unsupported architecture (not a decoder-only model whose
-            layers are all full attention), an unknown or impossible format, or a device that is
-            not there.
+            layers are all full or sliding-window attention: ``engine.model.layers.refusal``), an
+            unknown or impossible format, or a device that is not there.
     """
     kind = device_kind(device)
     name, model_dir = resolve_model_dir(spec, cache_dir, convert_gguf)
@@ -124,6 +130,9 @@ def load_model(
         blocker = "the model has no GGUF source"
     dtype, fmt = resolve_formats(dtype, weights, kind, blocker)
     try:
+        # NOTE: the layers are checked before the weights load: a refusal comes at once
+        if (reason := refusal(AutoConfig.from_pretrained(model_dir, local_files_only=True))) is not None:
+            raise ModelError(reason)
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         # NOTE: device_map (accelerate) puts each weight straight on the device: the host never
         # holds a second copy of the whole model.
@@ -144,7 +153,7 @@ def load_model(
     eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
     if tokenizer.eos_token_id is not None:
         eos_ids.add(tokenizer.eos_token_id)
-    return LoadedModel(
+    loaded = LoadedModel(
         name=name,
         model=model,
         tokenizer=tokenizer,
@@ -161,20 +170,8 @@ def load_model(
         codes=codes,
         kernels=kernels,
     )
-
-
-def sliding_window(config: Any) -> int | None:
-    """The attention window in tokens if one applies within the context, else None (a window of
-    at least ``max_position_embeddings``, or one switched off, is full attention)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if (
-        not window
-        or not getattr(config, "use_sliding_window", True)
-        or (layer_types and set(layer_types) == {"full_attention"})
-    ):
-        return None
-    return int(window) if window < getattr(config, "max_position_embeddings", window + 1) else None
+    log.info("attention: %s", loaded.attention)
+    return loaded
 
 
 def device_kind(device: str) -> str:
@@ -207,29 +204,16 @@ def _probe_kv_spec(model: Any, dtype: str) -> KVSpec:
     """Run one token and read the K/V layout off the cache the model returns.
 
     Raises:
-        ModelError: the model is an encoder-decoder, or a layer is not full attention (a sliding
-            window or a recurrent layer keeps only part of the past, so its K/V cannot be rebuilt
-            from 128-token blocks as a full past).
+        ModelError: the cache is not made of per-position K/V layers.
     """
-    config = model.config
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelError(
-            f"{config.model_type} is an encoder-decoder model; kvproxy serves decoder-only models"
-        )
-    layer_types = set(getattr(config, "layer_types", None) or [])
-    window = sliding_window(config)
-    if layer_types - {"full_attention"} or window:
-        kinds = ", ".join(sorted(layer_types - {"full_attention"})) or f"a sliding window of {window} tokens"
-        raise ModelError(
-            f"{config.model_type} has layers that are not full attention ({kinds}); kvproxy serves "
-            "models whose layers all attend to the whole past"
-        )
     device = model.get_input_embeddings().weight.device
     out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True)
     cache = out.cache
-    if not isinstance(cache, DynamicCache) or any(
-        getattr(layer, "is_sliding", False) for layer in cache.layers
+    # NOTE: a sliding-window layer of transformers' own cache keeps only the window; kvproxy's
+    # keeps the whole past (engine.model.layers), but the shapes read here are the same
+    if not isinstance(cache, DynamicCache) or not all(
+        isinstance(layer, DynamicLayer) for layer in cache.layers
     ):
-        raise ModelError(f"{config.model_type} does not use a plain dynamic KV cache; unsupported")
+        raise ModelError(f"{model.config.model_type} does not use a plain dynamic KV cache; unsupported")
     key = cast(torch.Tensor, cast(DynamicLayer, cache.layers[0]).keys)
     return KVSpec(num_layers=len(cache.layers), num_kv_heads=key.shape[1], head_dim=key.shape[3], dtype=dtype)

@@ -26,6 +26,7 @@ async def health(
         "cache": state,
         "model": engine.loaded.name,
         "format": f"{engine.loaded.format}, {engine.decoder.name} decode step",
+        "attention": engine.loaded.attention,
         "busy": not engine.idle,
         "queue_depth": engine.queue_depth,
         "started": request.app.state.started,

@@ -6,8 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from transformers import MistralConfig, MistralForCausalLM
 
 from engine.model.fetch import ModelError
 from engine.model.loading import load_model
@@ -39,24 +37,6 @@ def test_missing_model_path_exits_with_advice(tmp_path) -> None:
 def test_directory_without_weights_is_refused(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelError, match=r"config\.json and \*\.safetensors"):
-        load_model(str(tmp_path), cache_dir=tmp_path)
-
-
-def test_sliding_window_model_is_refused(tmp_path, tiny_model) -> None:
-    """A model with sliding-window attention cannot be rebuilt from blocks: refused at load."""
-    config = MistralConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        sliding_window=16,
-    )
-    torch.manual_seed(0)
-    MistralForCausalLM(config).save_pretrained(tmp_path)
-    tiny_model.tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(ModelError, match="full attention"):
         load_model(str(tmp_path), cache_dir=tmp_path)
 
 
