@@ -21,6 +21,10 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
+from engine.buffers import BufferPool
+from engine.decoding import TransformersDecoder
+from engine.forward import prefill, use_batched_attention
+from engine.kv import past_from_blocks
 from engine.model.fetch import ModelError
 from engine.model.loading import load_model
 from engine.worker import Engine
@@ -111,6 +115,26 @@ def test_a_window_is_kept_at_block_boundaries(windowed, make_cache, length) -> N
     finally:
         cached.close()
         cold.close()
+
+
+def test_transformers_batched_step_keeps_the_window(windowed) -> None:
+    """transformers' forward as the decode step (for models neither native nor lean runs): rows
+    decoded together, each past longer than the window, get the logits each gets alone."""
+    _, _, loaded = windowed
+    use_batched_attention(loaded.model)
+    step = TransformersDecoder(loaded.model)
+    spec = loaded.kv_spec
+    pool = BufferPool(torch.empty(spec.num_layers, spec.num_kv_heads, 0, spec.head_dim), keep=0)
+    prompts = [random_tokens(n, seed=n) for n in (60, 130)]
+    pasts = [past_from_blocks([], 0, pool.acquire(200)) for _ in prompts]
+    alone_pasts = [past_from_blocks([], 0, pool.acquire(200)) for _ in prompts]
+    with torch.inference_mode():
+        for prompt, past, alone in zip(prompts, pasts, alone_pasts, strict=True):
+            prefill(loaded.model, prompt, past, 0)
+            prefill(loaded.model, prompt, alone, 0)
+        together = step([5, 6], pasts, [60, 130])
+        apart = torch.cat([step([5], [alone_pasts[0]], [60]), step([6], [alone_pasts[1]], [130])])
+    assert (together - apart).abs().max() <= 1e-5 * apart.abs().max()
 
 
 _SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
