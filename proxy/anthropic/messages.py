@@ -4,16 +4,17 @@ tools."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import GenerationRequest
 from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.anthropic import protocol as anthropic
+from proxy.anthropic.caching import breakpoint_error, breakpoint_ttls, creation
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content, message_tools, tool_breakpoints
 from proxy.http.auth import Tenant, get_tenant
@@ -21,7 +22,7 @@ from proxy.http.errors import OpenAIError
 from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.rendering import RenderError, render_chat
 from proxy.serving.running import complete, start, written_tokens
-from proxy.serving.streaming import new_id
+from proxy.serving.streaming import event_stream, json_response, new_id
 from proxy.serving.validation import check_model, completion_budget
 from proxy.state import CacheDep, EngineDep, SettingsDep
 from proxy.tools.answer import AnswerPlan, plan_answer
@@ -43,6 +44,8 @@ class Prompt:
     boundaries: tuple[int, ...]
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
+    raw: list[dict[str, Any]]
+    """The messages before the tool definitions went in (``MessagesRequest.template_messages``)."""
 
 
 def render(engine: Engine, body: anthropic.MessagesRequest, tools: ToolSet | None, max_ttl: int) -> Prompt:
@@ -73,8 +76,8 @@ def render(engine: Engine, body: anthropic.MessagesRequest, tools: ToolSet | Non
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
     boundaries = {p for p, _ in positions} | set(chat_boundaries(engine, messages, ids, None, template_tools))
-    ttls = anthropic.breakpoint_ttls(len(ids), sorted(positions))
-    return Prompt(ids, ttls, tuple(sorted(boundaries)), messages, template_tools)
+    ttls = breakpoint_ttls(len(ids), sorted(positions))
+    return Prompt(ids, ttls, tuple(sorted(boundaries)), messages, template_tools, raw)
 
 
 def accept(engine: Engine, body: anthropic.MessagesRequest) -> ToolSet | None:
@@ -87,6 +90,9 @@ def accept(engine: Engine, body: anthropic.MessagesRequest) -> ToolSet | None:
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
+    if (broken := breakpoint_error(body)) is not None:
+        param, reason = broken
+        raise OpenAIError(400, reason, param=param)
     extra = body.model_extra or {}
     return message_tools(extra.get("tools"), extra.get("tool_choice"))
 
@@ -132,15 +138,23 @@ async def messages(
         grammar=plan.grammar,
     )
     ahead = render_ahead(engine, settings, prompt.messages, generation, None, prompt.tools)
-    started = await start(request, engine, generation, ahead)
+    tokenizer = engine.loaded.tokenizer
+    span = (
+        None
+        if tools is None
+        else partial(tools_span, tokenizer, prompt.raw, tools, tool_format(tokenizer), ids)
+    )
+    started = await start(request, engine, generation, ahead, span)
     message_id = new_id("msg", "_")
     written = written_tokens(started.done, cache is not None, not settings.no_tails)
+    split = creation(prompt.ttls, settings.ttl, started.done.cached_tokens, written)
     if body.stream:
-        stream = events(started, message_id, body.model, written, plan)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=started.headers)
+        return event_stream(started, events(started, message_id, body.model, (written, split), plan))
     result = await complete(started, request)
     assert result.finished is not None
-    usage = anthropic.usage(started.done, result.finished.completion_tokens, written)
+    usage = anthropic.usage(started.done, result.finished.completion_tokens, written) | {
+        "cache_creation": split
+    }
     text, calls = plan.read(result.text)
     reply = anthropic.message(message_id, body.model, content(text, calls), result.finished, usage)
-    return JSONResponse(reply, headers=started.headers)
+    return json_response(started, reply)

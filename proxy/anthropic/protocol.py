@@ -15,13 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from hashing import BLOCK_SIZE
+from proxy.anthropic.caching import TTL_S
 
 if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
     from engine.requests import Finished, PrefillDone
 
-TTL_S = {"5m": 300, "1h": 3600}
-"""``cache_control.ttl`` in seconds (absent: 5 minutes)."""
 
 Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 
@@ -60,6 +58,7 @@ class MessagesRequest(_Lenient):
     top_p: Real | None = Field(None, gt=0, le=1)
     stop_sequences: list[str] | None = None
     stream: StrictBool = False
+    cache_control: CacheControl | None = None  # NOTE: automatic caching: the last block's breakpoint
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""
@@ -136,6 +135,8 @@ class MessagesRequest(_Lenient):
             breakpoints += [
                 (len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control
             ]
+        if self.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
+            breakpoints.append((len(messages) - 1, TTL_S[self.cache_control.ttl]))
         return messages, breakpoints
 
 
@@ -167,26 +168,10 @@ class CountTokensRequest(MessagesRequest):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # type: ignore[assignment]
 
 
-def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> tuple[int | None, ...]:
-    """The TTL plan of a prompt with breakpoints ``(token position where the marked content ends,
-    TTL)``: each full block ending at or before a breakpoint takes that breakpoint's TTL (the first
-    one that covers it), and a block a breakpoint falls inside the longest of that and theirs, so
-    the tail stored where marked content ends (``hashing.tails``: it takes the TTL of the block it
-    would be) keeps its TTL; later blocks take the server's (None)."""
-    plan: list[int | None] = []
-    for i in range(-(-prompt_tokens // BLOCK_SIZE)):
-        start, end = i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE
-        covering = next((ttl for position, ttl in breakpoints if position >= end), None)
-        inside = [ttl for position, ttl in breakpoints if start < position < end]
-        plan.append(max([*inside, *([covering] if covering is not None else [])], default=None))
-    while plan and plan[-1] is None:
-        plan.pop()
-    return tuple(plan)
-
-
-def usage(done: PrefillDone, output_tokens: int, created: int) -> dict[str, int]:
-    """Anthropic usage of a request whose prompt was computed as ``done`` says, ``created`` of its
-    tokens newly stored in the cache (``proxy.serving.running.written_tokens``)."""
+def usage(done: PrefillDone, output_tokens: int, created: int) -> dict[str, Any]:
+    """Anthropic usage counts of a request whose prompt was computed as ``done`` says, ``created``
+    of its tokens newly stored in the cache (``proxy.serving.running.written_tokens``): as the
+    response's ``usage`` and as the streamed ``message_delta``'s (``MessageDeltaUsage``: cumulative)."""
     return {
         "input_tokens": done.prompt_tokens - done.cached_tokens - created,
         "cache_creation_input_tokens": created,
@@ -210,7 +195,7 @@ def message(
     model: str,
     content: list[dict[str, Any]],
     finished: Finished | None,
-    usage: dict[str, int],
+    usage: dict[str, Any],
 ) -> dict[str, Any]:
     """A Messages API response object (no ``finished``: the empty message of ``message_start``)."""
     called = any(block["type"] == "tool_use" for block in content)

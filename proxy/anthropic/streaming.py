@@ -1,7 +1,7 @@
 """The Messages API's streamed events: ``message_start``; per content block (text, then each
 ``tool_use``) ``content_block_start``, its deltas (``text_delta``, ``input_json_delta``) and
-``content_block_stop``; ``message_delta`` (stop reason, output tokens); ``message_stop``; an
-``error`` event if generation fails.
+``content_block_stop``; ``message_delta`` (stop reason, the usage counts so far: input, cache
+read, cache creation, output); ``message_stop``; an ``error`` event if generation fails.
 
 Source: Anthropic's API reference, Streaming Messages.
 """
@@ -53,13 +53,16 @@ class _Blocks:
 
 
 async def events(
-    started: Started, message_id: str, model: str, written: int, plan: AnswerPlan
+    started: Started, message_id: str, model: str, written: tuple[int, dict[str, int]], plan: AnswerPlan
 ) -> AsyncIterator[str]:
-    """The event sequence of one streamed reply (see the module docstring)."""
+    """The event sequence of one streamed reply (see the module docstring); ``written``: the
+    prompt's tokens newly stored, and their ``cache_creation`` split."""
     running, done = started.running, started.done
     answer, blocks = plan.stream(), _Blocks()
+    created, split = written
     try:
-        start = protocol.message(message_id, model, [], None, protocol.usage(done, 0, written))
+        usage = protocol.usage(done, 0, created) | {"cache_creation": split}
+        start = protocol.message(message_id, model, [], None, usage)
         yield _event("message_start", {"message": start})
         async for event in running:
             if isinstance(event, TokenDelta) and event.text:
@@ -73,8 +76,11 @@ async def events(
                     yield line
                 reason = protocol.stop_reason(event, bool(calls))
                 delta = {"stop_reason": reason, "stop_sequence": event.stop_sequence}
-                usage = {"output_tokens": event.completion_tokens}
-                yield _event("message_delta", {"delta": delta, "usage": usage})
+                # NOTE: cumulative counts, as the SDK's MessageDeltaUsage has them, and the
+                # cache_creation split beside them: clients such as LangChain's ChatAnthropic read
+                # a stream's input and cache counts here, as they read a reply's usage
+                final = protocol.usage(done, event.completion_tokens, created) | {"cache_creation": split}
+                yield _event("message_delta", {"delta": delta, "usage": final})
                 yield _event("message_stop", {})
             elif isinstance(event, Failed):
                 yield _event("error", {"error": {"type": "api_error", "message": "internal server error"}})

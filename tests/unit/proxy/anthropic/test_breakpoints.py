@@ -1,10 +1,10 @@
-"""proxy/anthropic/protocol.py: ``cache_control`` breakpoints become a TTL plan over blocks (and
+"""proxy/anthropic/caching.py: ``cache_control`` breakpoints become a TTL plan over blocks (and
 the tail stored where a breakpoint falls inside one)."""
 
 from __future__ import annotations
 
 from hashing import BLOCK_SIZE
-from proxy.anthropic.protocol import breakpoint_ttls
+from proxy.anthropic.caching import breakpoint_ttls, creation
 
 
 def test_blocks_ending_within_a_breakpoint_take_its_ttl() -> None:
@@ -35,3 +35,15 @@ def test_a_block_a_breakpoint_falls_inside_takes_the_longest_ttl() -> None:
 def test_a_breakpoint_exactly_at_a_block_end_covers_that_block() -> None:
     """Position 256 is the end of block 1: blocks 0 and 1 are covered, block 2 is not."""
     assert breakpoint_ttls(3 * BLOCK_SIZE, [(256, 300)]) == (300, 300)
+
+
+def test_cache_creation_splits_the_stored_tokens_by_their_blocks_ttl() -> None:
+    """Tokens stored from position 100 on, 300 of them: block 0's 28 under a 5-minute mark, block
+    1's 128 under an hour's, block 2's 128 and block 3's 16 past the plan (the server's TTL)."""
+    split = creation((300, 3600), 3600, 100, 300)
+    assert split == {"ephemeral_5m_input_tokens": 28, "ephemeral_1h_input_tokens": 272}
+    assert creation((300, 3600), 600, 100, 300) == {
+        "ephemeral_5m_input_tokens": 28 + 144,
+        "ephemeral_1h_input_tokens": 128,
+    }
+    assert creation((), 3600, 0, 0) == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
