@@ -56,8 +56,9 @@ ROUTE_HEADERS = ("x-kvproxy-replica", "x-kvproxy-route")
 async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, tenant: str) -> Response:
     """Route and forward a request with a prompt (``raw``: its JSON body); a client that leaves
     before the answer is whole cancels it upstream (``while_connected``). A Responses request
-    continuing a stored response goes to the replica that answered that one, when it is up and
-    the load allows (``Router.choose``'s ``prefer``).
+    continuing a stored response goes to the replica that answered that one, and a request with
+    OpenAI's ``prompt_cache_key`` to the replica that answered the tenant's last one with that
+    key, when it is up and the load allows (``Router.choose``'s ``prefer``).
 
     Raises:
         OpenAIError: 400 for a body that is not a JSON object; 503 when no replica is up.
@@ -81,6 +82,10 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
     key = await asyncio.to_thread(router.identity.prompt, kind, body, tenant)
     previous = body.get("previous_response_id") if kind == "responses" else None
     prefer = await router.response_replica(tenant, previous) if isinstance(previous, str) else None
+    cache_key = body.get("prompt_cache_key") if kind != "messages" else None
+    cache_key = cache_key if isinstance(cache_key, str) and cache_key else None
+    if prefer is None and cache_key is not None:
+        prefer = await router.key_replica(tenant, cache_key)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
     headers["accept-encoding"] = "identity"  # SSE bytes pass through as they are
     path = request.url.path.removeprefix("/v1")
@@ -126,6 +131,8 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
         sent = Sent(router, replica, kind, body, key, tenant, knows_prompt=previous is None)
         if response.status_code == 200 and sent.knows_prompt:
             router.spawn(router.record(replica, key, key.hashes))
+        if response.status_code == 200 and cache_key is not None:
+            router.spawn(router.remember_key(tenant, cache_key, replica))
         if stream and response.status_code == 200:
             return StreamingResponse(relay(sent, response, wants_usage), status_code=200, headers=out_headers)
         return await whole(sent, response, out_headers)

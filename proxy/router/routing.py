@@ -26,6 +26,9 @@ from store.index.redis.connect import REDIS_ERRORS
 log = logging.getLogger("route")
 T = TypeVar("T")
 LOCAL_RESPONSES = 10_000
+PROMPT_CACHE_KEY = "prompt_cache_key:"
+"""Where a ``prompt_cache_key``'s replica is remembered: beside the response ids (never such a
+name), per tenant, for ``--route-ttl``."""
 
 
 class Router:
@@ -138,6 +141,16 @@ class Router:
         if self.index is not None:
             found = await self._redis(self.index.response_replica, tenant, response_id)
         return found or self.responses.get((tenant, response_id))
+
+    async def key_replica(self, tenant: str, cache_key: str) -> str | None:
+        """The replica that last answered ``tenant``'s requests with ``prompt_cache_key``
+        ``cache_key``, if known (remembered as ``remember_key`` left it)."""
+        return await self.response_replica(tenant, PROMPT_CACHE_KEY + cache_key)
+
+    async def remember_key(self, tenant: str, cache_key: str, replica: Replica) -> None:
+        """``replica`` answered a request of ``tenant``'s with ``prompt_cache_key`` ``cache_key``:
+        the key's next requests go there, within the load limits (``choose``'s ``prefer``)."""
+        await self.remember_response(tenant, PROMPT_CACHE_KEY + cache_key, replica)
 
     async def probe_forever(self) -> None:
         """Probe every replica's health each ``--health-interval`` seconds; heartbeat the index."""

@@ -240,3 +240,44 @@ def test_a_client_that_leaves_a_whole_answer_stops_the_replica(settings, tiny_mo
         while finished("cancelled") < 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert finished("cancelled") == 1 and finished("length") == 0
+
+
+def keyed_users(router, keyed: bool) -> tuple[int, int, dict[int, set[str]]]:
+    """8 users x 3 requests, asked round-robin, each user's requests under a system prompt of its
+    own shorter than a block (nothing for block matching to route on), with ``prompt_cache_key``
+    ``user-N`` or without; (cached, prompt) tokens, and the replicas each user's requests went to."""
+    cached = prompt = 0
+    replicas: dict[int, set[str]] = {user: set() for user in range(8)}
+    for turn in range(3):
+        for user in range(8):
+            body = {
+                "model": "tiny",
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [
+                    {"role": "system", "content": text(300 + user, 50)},
+                    {"role": "user", "content": f"question {turn}: {text(user * 10 + turn, 4)}"},
+                ],
+            } | ({"prompt_cache_key": f"user-{user}"} if keyed else {})
+            r = httpx.post(f"{router.base_url}/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            prompt += usage["prompt_tokens"]
+            replicas[user].add(r.headers["x-kvproxy-replica"])
+    return cached, prompt, replicas
+
+
+def test_prompt_cache_key_keeps_a_users_requests_on_one_replica(settings, tiny_model, tmp_path) -> None:
+    """With ``prompt_cache_key``, every user's 3 requests go to one replica, and their short
+    system prompts are read from the cache there; without keys the same run scatters them."""
+    rates = {}
+    for keyed in (True, False):
+        with cluster(settings, tiny_model, tmp_path / str(keyed)) as ([router], _):
+            cached, prompt, replicas = keyed_users(router, keyed)
+        rates[keyed] = cached / prompt
+        if keyed:
+            assert all(len(used) == 1 for used in replicas.values()), replicas
+            assert len(set().union(*replicas.values())) > 1  # the load still spreads users
+    print(f"prompt_cache_key: hit rate {rates[True]:.3f} with keys, {rates[False]:.3f} without")
+    assert rates[True] >= 1.5 * rates[False]
