@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.observe.series import ttft_by_cached_tokens, ttft_per_minute
+from proxy.observe.series import ttft_by_cached_tokens, ttft_by_prompt_tokens, ttft_per_minute
 from store.outcomes import CacheKind, MissReason
 
 KEEP_RECORDS = 20_000
@@ -59,11 +59,27 @@ class RequestLog:
             }
 
         def ttft(kind: CacheKind) -> dict[str, Any]:
-            values = sorted(r.ttft_s for r in mine if r.kind == kind and r.at >= now - 3600)
-            if not values:
-                return {"count": 0, "p50": None, "p95": None}
+            rs = [r for r in mine if r.kind == kind and r.at >= now - 3600]
+            if not rs:
+                return {
+                    "count": 0,
+                    "p50": None,
+                    "p95": None,
+                    "prompt_tokens_p50": None,
+                    "per_uncached_token_p50": None,
+                }
+            values = sorted(r.ttft_s for r in rs)
             p95 = statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
-            return {"count": len(values), "p50": statistics.median(values), "p95": p95}
+            return {
+                "count": len(values),
+                "p50": statistics.median(values),
+                "p95": p95,
+                "prompt_tokens_p50": statistics.median(r.prompt_tokens for r in rs),
+                # NOTE: seconds per token computed: what a hit and a miss of other lengths share
+                "per_uncached_token_p50": statistics.median(
+                    r.ttft_s / max(1, r.prompt_tokens - r.cached_tokens) for r in rs
+                ),
+            }
 
         misses = [r for r in mine if r.kind != "hit"][-20:]
         hour = [r for r in mine if r.at >= now - 3600]
@@ -79,6 +95,7 @@ class RequestLog:
             "ttft_seconds": {kind: ttft(kind) for kind in kinds},
             "ttft_per_minute": ttft_per_minute((r.at, r.kind, r.ttft_s) for r in hour),
             "ttft_by_cached_tokens": ttft_by_cached_tokens((r.cached_tokens, r.ttft_s) for r in hour),
+            "ttft_by_prompt_tokens": ttft_by_prompt_tokens((r.prompt_tokens, r.kind, r.ttft_s) for r in hour),
             "recent_misses": [
                 {
                     "at": r.at,

@@ -1,5 +1,6 @@
 """The dashboard's TTFT series, from this process's request records: TTFT per minute by cache
-outcome, and TTFT against the length of the cached prefix (the curve of what caching buys).
+outcome, TTFT against the length of the cached prefix (the curve of what caching buys), and TTFT
+of each outcome against prompt length (so hits and misses are compared at equal lengths).
 
 Pure functions over plain tuples, so the binning and the percentiles are tested on their own.
 """
@@ -70,4 +71,31 @@ def ttft_by_cached_tokens(samples: Iterable[tuple[int, float]]) -> list[dict[str
     return [
         {"min_tokens": low, "max_tokens": high} | _p50(values)
         for values, (low, high) in zip(binned, CACHED_TOKEN_BINS, strict=True)
+    ]
+
+
+PROMPT_TOKEN_BINS: tuple[tuple[int, int | None], ...] = CACHED_TOKEN_BINS[1:]
+"""Bins of prompt length, ``(min, max)`` tokens inclusive: up to two blocks, then doubling."""
+
+
+def ttft_by_prompt_tokens(samples: Iterable[tuple[int, CacheKind, float]]) -> list[dict[str, Any]]:
+    """Median TTFT per bin of prompt length (``PROMPT_TOKEN_BINS``) and cache outcome, every bin
+    listed: a hit's TTFT is compared with misses of its own length, not with short ones.
+
+    Args:
+        samples: ``(prompt tokens, cache outcome, TTFT in seconds)``.
+
+    Returns:
+        ``{"min_tokens", "max_tokens" (None: unbounded), "hit"|"partial"|"miss": {"count",
+        "p50" (seconds, None: no request)}}`` per bin, shortest prompts first.
+    """
+    binned: list[dict[CacheKind, list[float]]] = [defaultdict(list) for _ in PROMPT_TOKEN_BINS]
+    for tokens, kind, ttft in samples:
+        for values, (low, high) in zip(binned, PROMPT_TOKEN_BINS, strict=True):
+            if low <= tokens and (high is None or tokens <= high):
+                values[kind].append(ttft)
+                break
+    return [
+        {"min_tokens": low, "max_tokens": high} | {kind: _p50(values[kind]) for kind in KINDS}
+        for values, (low, high) in zip(binned, PROMPT_TOKEN_BINS, strict=True)
     ]

@@ -19,7 +19,7 @@ from tests.api import Api
 from tests.helpers import random_tokens
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHARTS = ("chart-hit-rate", "chart-ttft", "chart-ttft-prefix", "chart-usage")
+CHARTS = ("chart-hit-rate", "chart-ttft", "chart-ttft-prefix", "chart-ttft-length", "chart-usage")
 TIME_CHARTS = ("chart-hit-rate", "chart-ttft", "chart-usage")
 
 
@@ -122,6 +122,19 @@ def test_dashboard_shows_the_stats(settings, tiny_model, serve, tmp_path) -> Non
     assert sum(m[kind]["count"] for m in minutes for kind in ("hit", "partial", "miss")) == 4
     bins = [(b["min_tokens"], b["count"]) for b in stats["process"]["ttft_by_cached_tokens"] if b["count"]]
     assert bins == [(0, 1), (1, 1), (256, 2)]
+    lengths = {
+        (b["min_tokens"], kind): b[kind]["count"]
+        for b in stats["process"]["ttft_by_prompt_tokens"]
+        for kind in ("hit", "partial", "miss")
+        if b[kind]["count"]
+    }
+    assert lengths == {
+        (256, "hit"): 2,
+        (256, "partial"): 1,
+        (256, "miss"): 1,
+    }  # hits beside misses of their length
+    hits = stats["process"]["ttft_seconds"]["hit"]
+    assert hits["prompt_tokens_p50"] == 300 and hits["per_uncached_token_p50"] == hits["p50"] / 1
     assert_charts_are_labelled(dom)
     assert "n=2" in dom and ">miss<" in dom  # a bin's count, the TTFT legend
     assert stats["usage"] and stats["usage"][0]["blocks"] == 0  # sampled at start

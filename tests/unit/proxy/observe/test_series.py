@@ -5,7 +5,13 @@ from __future__ import annotations
 import time
 
 from proxy.observe.records import RequestLog, RequestRecord
-from proxy.observe.series import CACHED_TOKEN_BINS, ttft_by_cached_tokens, ttft_per_minute
+from proxy.observe.series import (
+    CACHED_TOKEN_BINS,
+    PROMPT_TOKEN_BINS,
+    ttft_by_cached_tokens,
+    ttft_by_prompt_tokens,
+    ttft_per_minute,
+)
 from proxy.observe.usage import UsageHistory
 
 T0 = 1_700_000_040  # the start of a minute (a multiple of 60)
@@ -70,3 +76,14 @@ def test_ttft_percentiles_stay_within_the_observed_times() -> None:
         log.add(RequestRecord(time.time(), "ns", 100, 0, ttft, "miss", None, ttft, 0.0))
     miss = log.summary(None)["ttft_seconds"]["miss"]
     assert miss["count"] == 2 and 1.0 <= miss["p50"] <= miss["p95"] <= 24.0
+
+
+def test_ttft_by_prompt_tokens_keeps_outcomes_apart_per_length() -> None:
+    """A long hit and short misses land in different bins: each outcome's median per length."""
+    rows = ttft_by_prompt_tokens(
+        [(2000, "hit", 0.2), (2000, "miss", 4.0), (100, "miss", 0.3), (100, "miss", 0.5)]
+    )
+    assert [(r["min_tokens"], r["max_tokens"]) for r in rows] == list(PROMPT_TOKEN_BINS)
+    short, long = rows[0], rows[3]
+    assert (short["miss"], short["hit"]["count"]) == ({"count": 2, "p50": 0.4}, 0)
+    assert long["hit"] == {"count": 1, "p50": 0.2} and long["miss"] == {"count": 1, "p50": 4.0}
