@@ -12,6 +12,7 @@ from typing import Any
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, chain_hash
 from store.blobs.base import BlobBackend
 from store.index.base import BlockIndex, Counters, HotPrefix, HotPrefixes
+from store.index.retention import RETENTION_CLASSES
 from store.serde import BlockVerificationError, read_token_ids
 
 
@@ -24,7 +25,12 @@ def deployment_stats(counters: Counters, index: BlockIndex, namespace: Namespace
         window = counters.window(scope, seconds)
         out[label] = {"queried_tokens": window.queried, "hit_tokens": window.hit, "hit_rate": window.hit_rate}
     if namespace is None:
-        out |= {"blocks": index.num_blocks(), "bytes": index.total_bytes()}
+        classes = zip(RETENTION_CLASSES, index.retention_counts(), strict=True)
+        out |= {
+            "blocks": index.num_blocks(),
+            "bytes": index.total_bytes(),
+            "blocks_by_retention": {name: n for (name, _), n in classes},
+        }
     return out
 
 

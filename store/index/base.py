@@ -187,6 +187,10 @@ class BlockIndex(Protocol):
 
     def num_blocks(self) -> int: ...
 
+    def retention_counts(self) -> list[int]:
+        """Blocks (and tails) held per retention class (``store.index.retention``), lowest first."""
+        ...
+
     def ping(self) -> None: ...
 
     def shared_counters(self) -> Counters:

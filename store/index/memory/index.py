@@ -18,6 +18,7 @@ from store.entries import IndexEntry, member_name, parse_member
 from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Matched, Publication, TailListing
 from store.index.memory.counters import MemoryCounters
 from store.index.memory.hot import MemoryHotPrefixes
+from store.index.retention import class_counts, lru_offset
 
 T = TypeVar("T")
 
@@ -86,7 +87,7 @@ class MemoryIndex:
                 break
             expires = max(self.entries_[member][1], self.clock() + ttls[i])
             self.entries_[member] = (entry, expires)
-            self.lru[member] = self.clock() - i * 1e-6
+            self.lru[member] = self.clock() - i * 1e-6 + lru_offset(expires - self.clock())
             out.append(entry)
         tip = hashes[len(out) - 1] if out else None
         listed = [listing for listing, _ in self._tails(namespace, tip).values()]
@@ -113,7 +114,7 @@ class MemoryIndex:
             return
         expires = max(self.entries_[member][1], self.clock() + ttl_s)
         self.entries_[member] = (entry, expires)
-        self.lru[member] = self.clock() - TAIL_AGE_S - position * 1e-6
+        self.lru[member] = self.clock() - TAIL_AGE_S - position * 1e-6 + lru_offset(expires - self.clock())
         listed = self._tails(namespace, tip)
         if tail_hash in listed:
             listed[tail_hash] = (listed[tail_hash][0], expires)
@@ -128,7 +129,8 @@ class MemoryIndex:
             member = member_name(namespace, b.block_hash)
             if self._entry(member) is None:
                 self.entries_[member] = (b.entry, self.clock() + b.ttl_s)
-                self.lru[member] = b.used_at - (TAIL_AGE_S if b.entry.tail else 0) - b.position * 1e-6
+                age = (TAIL_AGE_S if b.entry.tail else 0) + b.position * 1e-6
+                self.lru[member] = b.used_at - age + lru_offset(b.ttl_s)
                 self.sizes.setdefault(member, b.entry.size)
                 if b.entry.tail:
                     self._list_tail(namespace, b)
@@ -220,6 +222,10 @@ class MemoryIndex:
     @_locked
     def num_blocks(self) -> int:
         return len(self.lru)
+
+    @_locked
+    def retention_counts(self) -> list[int]:
+        return class_counts(self.lru.values(), self.clock())
 
     def ping(self) -> None:
         return None

@@ -27,6 +27,7 @@ from store.index.redis.counters import SharedCounters
 from store.index.redis.hot import RedisHotPrefixes
 from store.index.redis.keys import IndexKeys
 from store.index.redis.tails import TailListings, parse_match
+from store.index.retention import sorted_set_counts
 
 SEEN_TTL_S = 7 * 86_400
 """Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""
@@ -230,6 +231,10 @@ class RedisIndex:
     def num_blocks(self) -> int:
         """Blocks accounted over every namespace."""
         return sum(self._per_namespace("zcard", "lru").values())
+
+    def retention_counts(self) -> list[int]:
+        """Blocks accounted per retention class (``store.index.retention``), lowest first."""
+        return sorted_set_counts(self.client, [self.keys.of(ns, "lru") for ns in self._namespaces()])
 
     def ping(self) -> None:
         """Raises ``redis.RedisError`` when Redis does not answer."""

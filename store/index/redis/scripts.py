@@ -19,6 +19,16 @@ from hashing import BlockHash, Namespace
 from store.entries import member_name
 from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Publication
 from store.index.redis.keys import IndexKeys
+from store.index.retention import CLASS_AGE_S, RETENTION_CLASSES
+
+# RETENTION: a block's LRU offset from the seconds it is still promised (a TTL of -1, no
+# expiry, is the longest), as ``store.index.base.lru_offset`` computes it.
+_BANDS = [(most, (i - 1) * CLASS_AGE_S) for i, (_, most) in enumerate(RETENTION_CLASSES)]
+RETENTION = (
+    "local function lru_offset(ttl)\n"
+    + "".join(f"  if ttl >= 0 and ttl <= {most} then return {offset!r} end\n" for most, offset in _BANDS[:-1])
+    + f"  return {_BANDS[-1][1]!r}\nend\n"
+)
 
 # Tails (``hashing.tails``) are listed in one hash per namespace, the "tails" key: field = the
 # tip's hex hash (``root`` for the namespace root) -> JSON list of [tail hex, length, short hex
@@ -56,6 +66,7 @@ end
 # the live tails after them (JSON list), the length of the candidate found (0: none)}.
 MATCH = (
     LIVE_TAILS
+    + RETENTION
     + """
 local n = tonumber(ARGV[2])
 local m = #KEYS - 2 - 2 * n
@@ -69,7 +80,8 @@ for i = 1, n do
     break
   end
   redis.call('EXPIRE', KEYS[2 + i], ARGV[2 + i], 'GT')
-  redis.call('ZADD', KEYS[1], 'XX', now - i * 1e-6, ARGV[2 + n + i])
+  local left = redis.call('TTL', KEYS[2 + i])
+  redis.call('ZADD', KEYS[1], 'XX', now - i * 1e-6 + lru_offset(left), ARGV[2 + n + i])
   entries[i] = entry
 end
 local tails = live_tails(KEYS[2], ARGV[3 + 2 * n + #entries], now, nil)
@@ -115,6 +127,7 @@ def match_arguments(
 # Returns the bytes the namespace holds now (an item whose entry existed writes nothing).
 PUBLISH = (
     LIVE_TAILS
+    + RETENTION
     + """
 local n = (#KEYS - 4) / 3
 for i = 1, n do
@@ -123,7 +136,8 @@ for i = 1, n do
     local used = tonumber(ARGV[a + 6])
     local is_tail = tonumber(ARGV[a + 8]) > 0
     local age = is_tail and tonumber(ARGV[3]) or 0
-    redis.call('ZADD', KEYS[1], used - age - tonumber(ARGV[a + 5]) * 1e-6, ARGV[a + 3])
+    local offset = lru_offset(tonumber(ARGV[a + 2]))
+    redis.call('ZADD', KEYS[1], used - age - tonumber(ARGV[a + 5]) * 1e-6 + offset, ARGV[a + 3])
     if is_tail then
       local tails = live_tails(KEYS[4], ARGV[a + 10], used, ARGV[a + 7])
       tails[#tails + 1] = {ARGV[a + 7], tonumber(ARGV[a + 8]), ARGV[a + 9], used + tonumber(ARGV[a + 2])}

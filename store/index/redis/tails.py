@@ -27,12 +27,14 @@ PRUNE_BATCH = 64
 #   ARGV[5] tail hash (hex)   ARGV[6] its chain position   ARGV[7] TAIL_AGE_S
 TOUCH = (
     scripts.LIVE_TAILS
+    + scripts.RETENTION
     + """
 if redis.call('EXPIRE', KEYS[3], ARGV[2], 'GT') == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
   return 0
 end
 local now = tonumber(ARGV[1])
-redis.call('ZADD', KEYS[1], 'XX', now - tonumber(ARGV[7]) - tonumber(ARGV[6]) * 1e-6, ARGV[3])
+local offset = lru_offset(redis.call('TTL', KEYS[3]))
+redis.call('ZADD', KEYS[1], 'XX', now - tonumber(ARGV[7]) - tonumber(ARGV[6]) * 1e-6 + offset, ARGV[3])
 local tails = live_tails(KEYS[2], ARGV[4], now, nil)
 for _, item in ipairs(tails) do
   if item[1] == ARGV[5] then item[4] = math.max(tonumber(item[4]), now + tonumber(ARGV[2])) end
