@@ -232,8 +232,7 @@ class RedisIndex:
         """Blocks accounted over every namespace."""
         return sum(self._per_namespace("zcard", "lru").values())
 
-    def retention_counts(self) -> list[int]:
-        """Blocks accounted per retention class (``store.index.retention``), lowest first."""
+    def retention_counts(self) -> list[int]:  # NOTE: store.index.retention, lowest class first
         return sorted_set_counts(self.client, [self.keys.of(ns, "lru") for ns in self._namespaces()])
 
     def ping(self) -> None:
