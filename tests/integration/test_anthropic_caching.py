@@ -5,6 +5,9 @@ automatic caching, and ``x-kvproxy-explain`` on ``/v1/messages``."""
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import anthropic
 import httpx
 import pytest
@@ -79,13 +82,9 @@ def test_streamed_usage_equals_the_replys_in_langchain(settings, tiny_model, ser
             )
             for question in ("Why are blocks hashed?", "What is the capital of France?"):
                 messages = [SystemMessage([block(SYSTEM)]), HumanMessage(question)]
-                if stream:
-                    chunks = list(llm.stream(messages))
-                    reply = chunks[0]
-                    for chunk in chunks[1:]:
-                        reply = reply + chunk
-                else:
-                    reply = llm.invoke(messages)
+                reply = (
+                    functools.reduce(operator.add, llm.stream(messages)) if stream else llm.invoke(messages)
+                )
                 server.app.state.engine.cache.flush(30)
                 reports.append((reply.usage_metadata, reply.content))
     (miss, hit, streamed_miss, streamed_hit) = reports
