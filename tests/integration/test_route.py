@@ -54,7 +54,18 @@ def cluster(settings, tiny_model, tmp_path, routers=1, hashing="tokens", **optio
         fronts = [
             stack.enter_context(ServerThread(create_route_app(route, identity))) for _ in range(routers)
         ]
+        for front in fronts:
+            wait_until_all_up(front)
         yield fronts, replicas
+
+
+def wait_until_all_up(router, within_s: float = 30) -> None:
+    """Until ``router`` sees every replica up: a start-up probe slowed past its 2 s by a loaded
+    machine marks a replica down until the next probe."""
+    deadline = time.monotonic() + within_s
+    while not all(httpx.get(f"{router.base_url}/health", timeout=10).json()["replicas"].values()):
+        assert time.monotonic() < deadline, "the router never saw every replica up"
+        time.sleep(0.1)
 
 
 def ask(router, messages, max_tokens=8) -> httpx.Response:
