@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -17,9 +18,12 @@ from proxy.anthropic import messages
 from proxy.cache_api import admin as cache_admin
 from proxy.cache_api import prewarm, snapshots
 from proxy.config import Settings
+from proxy.gemini import caches as gemini_caches
+from proxy.gemini import generate as gemini_generate
 from proxy.http.auth import parse_api_keys
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
+from proxy.named.service import open_named, sweep_forever
 from proxy.observe import api as observe_api
 from proxy.observe import health
 from proxy.observe.metrics import Metrics, RequestMetrics
@@ -72,6 +76,8 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         app.state.settings, app.state.cache, app.state.engine = settings, admin, engine
         app.state.started = time.time()
         app.state.responses = open_responses(settings)
+        app.state.named = open_named(settings)
+        sweeper = None if admin is None else asyncio.create_task(sweep_forever(admin, app.state.named))
         app.state.metrics = Metrics(engine, admin)
         app.state.usage = UsageHistory(admin.usage if admin is not None else lambda: None)
         if admin is not None:
@@ -82,6 +88,8 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             "off" if block_cache is None else redact_url(settings.blob_location),
         )
         yield
+        if sweeper is not None:
+            sweeper.cancel()
         app.state.usage.stop()
         if block_cache is not None:
             block_cache.close()
@@ -99,6 +107,8 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         completions,
         responses,
         messages,
+        gemini_generate,
+        gemini_caches,
         tokenize,
         models,
         health,

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache, partial
 from typing import IO, Any, TypeVar
 
-from hashing import BLOCK_SIZE, Namespace, NamespaceIdentity, block_hashes, tail_hash
+from hashing import BLOCK_SIZE, BlockHash, Namespace, NamespaceIdentity, block_hashes, tail_hash
 from store import report
-from store.admin_interface import CacheHealth
+from store.admin_interface import CacheHealth, Pinned
 from store.errors import StoreUnavailable
 from store.gc import GarbageCollector, clear, collect
 from store.interface import KVSpec
@@ -83,6 +83,21 @@ class StoreAdmin:
     def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:
         p, known_hex = self.parts, [ns.hex() for ns in known]
         return p.stats_guard.redis("stats", report.tenant_rates, p.counters, p.hot, known_hex)
+
+    def pin(self, namespace: Namespace, token_ids: Sequence[int], ttl_s: int) -> Pinned | None:
+        hashes, pins = block_hashes(token_ids, namespace), self.parts.index.pins
+        found = self.parts.guard.redis("pin", pins.pin, namespace, hashes, ttl_s)
+        return None if found is None else Pinned(hashes, *found)
+
+    def unpin(self, namespace: Namespace, block_hashes: Sequence[BlockHash]) -> bool:
+        def unpin() -> bool:
+            self.parts.index.pins.unpin(namespace, block_hashes)
+            return True
+
+        return self.parts.guard.redis("pin", unpin) or False
+
+    def pinned_bytes(self) -> int | None:
+        return self.parts.guard.redis("stats", self.parts.index.pins.pinned_bytes)
 
     def divergence(
         self, namespace: Namespace, token_ids: Sequence[int], block: int

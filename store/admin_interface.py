@@ -6,13 +6,25 @@ snapshots, for the server."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any, Literal, Protocol
 
-from hashing import Namespace, NamespaceIdentity
+from hashing import BlockHash, Namespace, NamespaceIdentity
 from store.snapshot.importer import ImportReport
 from store.stats import CacheStats, GcReport
 
 CacheHealth = Literal["ok", "degraded", "disabled"]
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """What ``CacheAdmin.pin`` did (``store.index.retention.Pinning``): the chain's hashes, the
+    bytes newly pinned, the bytes of its stored blocks, and how many are not stored yet."""
+
+    block_hashes: list[BlockHash]
+    added: int
+    held: int
+    missing: int
 
 
 class CacheAdmin(Protocol):
@@ -55,6 +67,19 @@ class CacheAdmin(Protocol):
         """Per namespace that stored blocks (or is in ``known``) and has traffic: ``namespace``
         (hex), all-time ``prompt_tokens``, ``cached_tokens`` and ``hit_rate``, and ``last_hour``
         (``queried_tokens``, ``hit_tokens``, ``hit_rate``); most prompt tokens first."""
+        ...
+
+    def pin(self, namespace: Namespace, token_ids: Sequence[int], ttl_s: int) -> Pinned | None:
+        """Pin the full blocks of ``token_ids`` (a named cache's: ``store.index.retention.Pins``),
+        stored ones for ``ttl_s`` seconds at least, the others as they are stored."""
+        ...
+
+    def unpin(self, namespace: Namespace, block_hashes: Sequence[BlockHash]) -> bool:
+        """Release one pin of each block; False when Redis is unreachable (nothing released)."""
+        ...
+
+    def pinned_bytes(self) -> int | None:
+        """Bytes pinned by named caches, over every namespace."""
         ...
 
     def divergence(

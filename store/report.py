@@ -29,6 +29,7 @@ def deployment_stats(counters: Counters, index: BlockIndex, namespace: Namespace
         out |= {
             "blocks": index.num_blocks(),
             "bytes": index.total_bytes(),
+            "pinned_bytes": index.pins.pinned_bytes(),
             "blocks_by_retention": {name: n for (name, _), n in classes},
         }
     return out

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import GenerationRequest
@@ -17,8 +17,9 @@ from proxy.anthropic import protocol as anthropic
 from proxy.anthropic.caching import breakpoint_error, breakpoint_ttls, creation
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content, message_tools, tool_breakpoints
-from proxy.http.auth import Tenant, get_tenant
+from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
+from proxy.named.bodies import messages_body
 from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.rendering import RenderError, render_chat
 from proxy.serving.running import complete, start, written_tokens
@@ -97,11 +98,16 @@ def accept(engine: Engine, body: anthropic.MessagesRequest) -> ToolSet | None:
     return message_tools(extra.get("tools"), extra.get("tool_choice"))
 
 
-@router.post("/v1/messages/count_tokens", dependencies=[Depends(get_tenant)])
+@router.post("/v1/messages/count_tokens")
 async def count_tokens(
-    body: anthropic.CountTokensRequest, engine: EngineDep, settings: SettingsDep
+    body: anthropic.CountTokensRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    tenant: Tenant,
 ) -> dict[str, int]:
     """The prompt length of a Messages body, in tokens, as ``/v1/messages`` would render it."""
+    body = await messages_body(request, engine, body, tenant)
     tools = accept(engine, body)
     prompt = await run_in_threadpool(render, engine, body, tools, settings.max_ttl)
     return {"input_tokens": len(prompt.ids)}
@@ -116,6 +122,7 @@ async def messages(
     cache: CacheDep,
     tenant: Tenant,
 ) -> Any:
+    body = await messages_body(request, engine, body, tenant)
     tools = accept(engine, body)
 
     def prepare() -> tuple[Prompt, AnswerPlan]:

@@ -16,6 +16,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import Failed, Finished, GenerationRequest
+from engine.worker import Engine
 from hashing import BLOCK_SIZE
 from proxy.cache_api.protocol import PrewarmRequest
 from proxy.http.auth import Tenant
@@ -29,6 +30,23 @@ router = APIRouter()
 
 FLUSH_TIMEOUT_S = 30.0
 """Most seconds the answer waits for the blocks to be stored and indexed."""
+
+
+async def store_prompt(engine: Engine, ids: list[int], tenant: str, ttl_s: int) -> None:
+    """Compute ``ids`` (a non-empty prompt) and store its full blocks and tail with a TTL of
+    ``ttl_s`` seconds, sampling nothing; returns once they are indexed (or ``FLUSH_TIMEOUT_S``
+    passed).
+
+    Raises:
+        OpenAIError: the engine's error for the prompt; 503 when it was cancelled.
+    """
+    request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl_s, prewarm=True)
+    async for event in submit(engine, request):
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Finished) and event.finish_reason == "cancelled":
+            raise OpenAIError(503, "the prompt's computation was cancelled", type="server_error")
+    await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
 
 
 @router.post("/v1/cache/prewarm")
@@ -49,13 +67,7 @@ async def prewarm(
     if before is None:
         raise OpenAIError.cache_unavailable(": nothing was cached")
     if ids:  # NOTE: an empty prompt has nothing to store
-        request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl, prewarm=True)
-        async for event in submit(engine, request):
-            if isinstance(event, Failed):
-                raise event.error
-            if isinstance(event, Finished) and event.finish_reason == "cancelled":
-                raise OpenAIError(503, "the prewarm was cancelled", type="server_error")
-        await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
+        await store_prompt(engine, ids, tenant, ttl)
     after = await run_in_threadpool(cache.indexed_tokens, namespace, ids)
     if after is None:
         raise OpenAIError.cache_unavailable(": nothing was cached")

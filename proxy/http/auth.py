@@ -12,8 +12,9 @@ from typing import Annotated
 import xxhash
 from fastapi import Depends, Request
 
-from proxy.config import ServerSettings, Settings, key_file
+from proxy.config import ServerSettings, Settings
 from proxy.http.errors import OpenAIError
+from proxy.setting_values import key_file
 
 DEFAULT_TENANT = "default"
 
@@ -45,13 +46,14 @@ def parse_api_keys(value: str | None) -> dict[str, str] | None:
 
 
 def bearer(request: Request) -> str | None:
-    """The API key: ``Authorization: Bearer <key>`` (OpenAI's clients) or ``x-api-key: <key>``
-    (Anthropic's)."""
+    """The API key: ``Authorization: Bearer <key>`` (OpenAI's clients), ``x-api-key: <key>``
+    (Anthropic's) or ``x-goog-api-key: <key>`` (Google's)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("x-api-key", "").strip() or None
+    found = request.headers.get("x-api-key", "") or request.headers.get("x-goog-api-key", "")
+    return found.strip() or None
 
 
 def get_tenant(request: Request) -> str:

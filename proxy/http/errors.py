@@ -1,5 +1,6 @@
-"""Errors as clients expect them: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, or
-Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on the Messages API, with a status."""
+"""Errors as clients expect them: OpenAI's ``{"error": {"message", "type", "param", "code"}}``,
+Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on the Messages API, or Google's
+``{"error": {"code", "message", "status"}}`` on the Gemini API, with a status."""
 
 from __future__ import annotations
 
@@ -57,22 +58,40 @@ class OpenAIError(Exception):
         return cls(503, f"Redis is unreachable{detail}", type="server_error", code="cache_unavailable")
 
     def response(self, dialect: str = "openai") -> JSONResponse:
-        """The error in OpenAI's shape, or Anthropic's (``dialect="anthropic"``, the Messages API)."""
+        """The error in OpenAI's shape, or Anthropic's (``dialect="anthropic"``, the Messages API),
+        or Google's ``{"error": {"code", "message", "status"}}`` (``"gemini"``)."""
         body: dict[str, Any] = {
             "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         }
+        text = (
+            f"{self.param}: {self.message}" if self.param and self.param not in self.message else self.message
+        )
         if dialect == "anthropic":
-            text = (
-                f"{self.param}: {self.message}"
-                if self.param and self.param not in self.message
-                else self.message
-            )
             body = error_body(self.status, text)
+        elif dialect == "gemini":
+            status = GOOGLE_STATUS.get(self.status, "INTERNAL")
+            body = {"error": {"code": self.status, "message": text, "status": status}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    503: "UNAVAILABLE",
+}
+"""HTTP statuses as Google's canonical error codes (anything else: ``INTERNAL``)."""
+
+
 def dialect(path: str) -> str:
-    """``"anthropic"`` for the Messages API's routes (``path``), else ``"openai"``."""
+    """``"anthropic"`` for the Messages API's routes (``path``), ``"gemini"`` for the Gemini API's
+    (``/v1beta/``), else ``"openai"``."""
+    if path.startswith("/v1beta/"):
+        return "gemini"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 

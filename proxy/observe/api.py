@@ -62,6 +62,8 @@ async def stats(
     - ``process.ttft_per_minute``: this process's median TTFT per minute of the last hour, by
       cache outcome; ``process.ttft_by_cached_tokens``: its median TTFT per bin of cached-prefix
       length over the last hour (``proxy.observe.series``).
+    - ``deployment``: blocks and bytes stored, blocks per retention class, and the bytes named
+      caches pin (``pinned_bytes``) within ``max_pinned_bytes`` (deployment scope).
     - ``timeline``: tokens queried and hit per minute of the last hour (from Redis).
     - ``usage``: ``[{"at", "blocks", "bytes"}]``, what the cache held, sampled by this process
       every 30 s over the last hour (``proxy.observe.usage``); deployment scope only.
@@ -94,6 +96,8 @@ async def stats(
             panels.hot_prefixes, cache, loaded, scope, readable, api_keys
         )
         if scope is None:
+            if out["deployment"] is not None:
+                out["deployment"]["max_pinned_bytes"] = request.app.state.settings.max_pinned_bytes
             out["process"]["evictions"] = cache.stats().evictions
             out["usage"] = request.app.state.usage.points()
             out["tenants"] = await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys)

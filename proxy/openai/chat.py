@@ -15,6 +15,7 @@ from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
+from proxy.named.bodies import chat_body
 from proxy.openai.logprobs import chat_logprobs
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.openai.tools import answer_schema, chat_tools, delta
@@ -99,6 +100,7 @@ async def chat_completions(
     settings: SettingsDep,
     tenant: Tenant,
 ) -> Any:
+    body = await chat_body(request, engine, body, tenant)
     turn = await start_chat(body, request, engine, settings, tenant)
     started, plan = turn.started, turn.plan
     completion_id, created = new_id("chatcmpl"), now()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from hashing import BlockHash, Namespace
 from store.entries import IndexEntry
+
+if TYPE_CHECKING:
+    from store.index.retention import Pins
 
 BUCKET_S = 10
 """Seconds per bucket of tokens queried and hit (hit-rate windows and timelines are sums of them)."""
@@ -117,11 +120,15 @@ class BlockIndex(Protocol):
     - ``publish`` is create-only: a second publish of one block changes nothing.
     - ``missing`` and ``publish`` take a batch: one round trip however many blocks.
     - ``evict`` removes least recently used entries (the tail of a chain before its head) until
-      at most ``max_bytes`` are accounted; evicting nothing is a no-op. It returns the members
-      removed, whose blobs the caller deletes; so do ``reclaim`` and ``drop``.
+      at most ``max_bytes`` are accounted besides the pinned ones (``pins``:
+      ``store.index.retention.Pins``), which it never removes; evicting nothing is a no-op. It
+      returns the members removed, whose blobs the caller deletes; so do ``reclaim`` and ``drop``.
     """
 
     key_prefix: str
+
+    @property
+    def pins(self) -> Pins: ...
 
     def match(
         self,

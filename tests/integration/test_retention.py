@@ -89,4 +89,53 @@ def test_the_classes_are_counted_for_stats(cache) -> None:
     cache.save_tail(NS, [*chain(3), *range(40)], torch.zeros(shape), torch.ones(shape), ttl_s=86400)
     cache.save_tail(NS, [*chain(0), *range(40)], torch.zeros(shape), torch.ones(shape), ttl_s=300)
     assert cache.flush(10)
-    assert cache.parts.index.retention_counts() == [3, 4, 3]
+    assert cache.parts.index.retention_counts() == [3, 4, 3, 0]
+
+
+def test_pinned_blocks_outlive_any_budget_until_unpinned(cache) -> None:
+    """A short chain pinned (a named cache's) survives an eviction to nothing that takes every
+    long block, keeps its class when hit with a short TTL, and counts in ``pinned_bytes`` once
+    however many pins hold it; unpinned, it goes first again."""
+    for seed, name in ((0, "short"), (1, "long"), (2, "standard")):
+        cache.save(NS, chain(seed), 0, *kv(2), ttl_s=TTLS[name])
+    assert cache.flush(10)
+    index, hashes = cache.parts.index, block_hashes(chain(0), NS)
+    per_chain = index.total_bytes() // 3
+    assert index.pins.pin(NS, hashes, 600) == (per_chain, per_chain, 0)
+    assert index.pins.pin(NS, hashes, 600) == (0, per_chain, 0)  # a second named cache on the same blocks
+    index.match(NS, hashes, [300, 300])
+    assert index.retention_counts() == [0, 2, 2, 2]
+    assert (index.pins.pinned_bytes(), index.evict(0) and index.total_bytes()) == (per_chain, per_chain)
+    assert len(index.match(NS, hashes, [1, 1]).entries) == 2
+    index.pins.unpin(NS, hashes)
+    assert index.pins.pinned_bytes() == per_chain  # the other pin still holds
+    index.pins.unpin(NS, hashes)
+    assert index.pins.pinned_bytes() == 0 and index.retention_counts() == [0, 2, 0, 0]
+    cache.save(NS, chain(1), 0, *kv(2), ttl_s=TTLS["long"])
+    assert cache.flush(10)
+    index.evict(per_chain)  # the chain kept its pin's 10 minutes: standard, below the long one
+    assert len(index.match(NS, hashes, [1, 1]).entries) == 0
+
+
+def test_a_chain_pinned_before_it_is_stored_is_pinned_as_it_is_published(cache) -> None:
+    """A named cache pins its blocks before computing them: the byte budget never evicts them
+    while they are stored."""
+    index, hashes = cache.parts.index, block_hashes(chain(0), NS)
+    assert index.pins.pin(NS, hashes, 600) == (0, 0, 2)
+    cache.save(NS, chain(0), 0, *kv(2), ttl_s=300)
+    assert cache.flush(10)
+    per_chain = index.total_bytes()
+    assert index.pins.pinned_bytes() == per_chain and index.retention_counts()[-1] == 2
+    index.evict(0)
+    assert len(index.match(NS, hashes, [1, 1]).entries) == 2
+
+
+def test_a_pinned_block_forgotten_leaves_the_pinned_bytes(cache) -> None:
+    """``kvproxy cache clear`` (FORGET in force) of a pinned chain takes its pinned bytes too."""
+    cache.save(NS, chain(0), 0, *kv(2), ttl_s=300)
+    assert cache.flush(10)
+    index = cache.parts.index
+    assert index.pins.pin(NS, block_hashes(chain(0), NS), 600)
+    for members in list(index.members()):
+        index.reclaim(members, force=True)
+    assert (index.pins.pinned_bytes(), index.total_bytes()) == (0, 0)

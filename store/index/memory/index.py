@@ -18,7 +18,8 @@ from store.entries import IndexEntry, member_name, parse_member
 from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Matched, Publication, TailListing
 from store.index.memory.counters import MemoryCounters
 from store.index.memory.hot import MemoryHotPrefixes
-from store.index.retention import class_counts, lru_offset
+from store.index.memory.pins import MemoryPins
+from store.index.retention import PIN_OFFSET, class_counts, lru_offset
 
 T = TypeVar("T")
 
@@ -52,6 +53,8 @@ class MemoryIndex:
         self.parents: dict[str, str] = {}  # member -> parent member ("" for block 0)
         # (namespace, tip or None) -> {tail hash: (listing, expires at)}
         self.tails: dict[tuple[Namespace, BlockHash | None], dict[BlockHash, tuple[TailListing, float]]] = {}
+        self.pinned: dict[str, int] = {}  # member -> named caches pinning it (store.index.redis.pins)
+        self.pins = MemoryPins(self)
         self.counters = MemoryCounters(clock)
         self.hot = MemoryHotPrefixes(self)
         self._lock = threading.RLock()
@@ -87,7 +90,7 @@ class MemoryIndex:
                 break
             expires = max(self.entries_[member][1], self.clock() + ttls[i])
             self.entries_[member] = (entry, expires)
-            self.lru[member] = self.clock() - i * 1e-6 + lru_offset(expires - self.clock())
+            self.lru[member] = self.clock() - i * 1e-6 + self._offset(member, expires)
             out.append(entry)
         tip = hashes[len(out) - 1] if out else None
         listed = [listing for listing, _ in self._tails(namespace, tip).values()]
@@ -130,7 +133,7 @@ class MemoryIndex:
             if self._entry(member) is None:
                 self.entries_[member] = (b.entry, self.clock() + b.ttl_s)
                 age = (TAIL_AGE_S if b.entry.tail else 0) + b.position * 1e-6
-                self.lru[member] = b.used_at - age + lru_offset(b.ttl_s)
+                self.lru[member] = b.used_at - age + self._offset(member, self.clock() + b.ttl_s)
                 self.sizes.setdefault(member, b.entry.size)
                 if b.entry.tail:
                     self._list_tail(namespace, b)
@@ -155,11 +158,20 @@ class MemoryIndex:
             if not self._tails(namespace, tip):
                 del self.tails[(namespace, tip)]
 
+    def _offset(self, member: str, expires: float) -> float:
+        return PIN_OFFSET if member in self.pinned else lru_offset(expires - self.clock())
+
+    @_locked
+    def pinned_bytes(self) -> int:
+        return sum(self.sizes.get(m, 0) for m in self.pinned)
+
     @_locked
     def evict(self, max_bytes: int) -> list[str]:
         evicted = []
-        while self.total_bytes() > max_bytes and self.lru:
-            member = min(self.lru, key=self.lru.__getitem__)
+        unpinned = {m: score for m, score in self.lru.items() if m not in self.pinned}
+        while self.total_bytes() - self.pins.pinned_bytes() > max_bytes and unpinned:
+            member = min(unpinned, key=unpinned.__getitem__)
+            del unpinned[member]
             self._forget(member)
             evicted.append(member)
         return evicted
@@ -191,6 +203,7 @@ class MemoryIndex:
         self.entries_.pop(member, None)
         self.lru.pop(member, None)
         self.sizes.pop(member, None)
+        self.pinned.pop(member, None)
 
     def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
         with self._lock:

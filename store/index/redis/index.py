@@ -13,6 +13,7 @@ and one round trip.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -26,8 +27,9 @@ from store.index.redis import scripts
 from store.index.redis.counters import SharedCounters
 from store.index.redis.hot import RedisHotPrefixes
 from store.index.redis.keys import IndexKeys
+from store.index.redis.pins import RedisPins
 from store.index.redis.tails import TailListings, parse_match
-from store.index.retention import sorted_set_counts
+from store.index.retention import pinned_floor, sorted_set_counts
 
 SEEN_TTL_S = 7 * 86_400
 """Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""
@@ -48,7 +50,8 @@ class RedisIndex:
         self._forget = client.register_script(scripts.FORGET)
         self._promote = client.register_script(scripts.PROMOTE)
         self.tails = TailListings(client, self.keys)
-        self._hot: RedisHotPrefixes | None = None
+        self.pins = RedisPins(client, self.keys, self._per_namespace)
+        self._hot = RedisHotPrefixes(self.client, self.keys)
 
     def block_key(self, namespace: Namespace, block_hash: BlockHash) -> str:
         return self.keys.block(namespace, block_hash)
@@ -90,11 +93,7 @@ class RedisIndex:
     def publish(self, namespace: Namespace, blocks: Sequence[Publication]) -> int:
         """Index blocks whose blobs are complete: per block ``SET NX EX``, LRU position, size
         (nothing changes for a block another writer published first), all in one script (one
-        namespace: one slot, one node, one round trip).
-
-        Returns:
-            The bytes the blob store holds now, over every namespace (``total_bytes``).
-        """
+        namespace: one slot, one node, one round trip); returns ``total_bytes()`` then."""
         if not blocks:
             return self.total_bytes()
         ns = namespace.hex()
@@ -118,11 +117,11 @@ class RedisIndex:
     def evict(self, max_bytes: int) -> list[str]:
         """Remove least recently used blocks until the store holds at most ``max_bytes``.
 
-        The budget is global: each round reads every namespace's bytes and oldest member, then
-        evicts from the namespace holding the globally oldest block, down to the next
-        namespace's oldest (one script on that namespace's node). A member used since it was
-        read is kept. Writers publishing meanwhile may overshoot by their blocks until the next
-        eviction.
+        The budget is global and leaves pinned blocks out (``store.index.redis.pins``): each
+        round reads every namespace's bytes and oldest member, then evicts from the namespace
+        holding the globally oldest block, down to the next namespace's oldest (one script on
+        that namespace's node). A member used since it was read is kept. Writers publishing
+        meanwhile may overshoot by their blocks until the next eviction.
 
         Returns:
             The evicted members; their blobs are the caller's to delete.
@@ -130,17 +129,19 @@ class RedisIndex:
         evicted: list[str] = []
         while True:
             held = self._per_namespace("get", "bytes")
-            excess = sum(held.values()) - max_bytes
+            excess = sum(held.values()) - self.pins.pinned_bytes() - max_bytes
             if excess <= 0:
                 return evicted
             pipe = self.client.pipeline(transaction=False)
             spaces = [ns for ns, n in held.items() if n > 0]
             for ns in spaces:
                 pipe.zrange(self.keys.of(ns, "lru"), 0, 0, withscores=True)
-            oldest = sorted((rows[0][1], ns) for ns, rows in zip(spaces, pipe.execute(), strict=True) if rows)
+            floor = pinned_floor(time.time())
+            rows_ = zip(spaces, pipe.execute(), strict=True)
+            oldest = sorted((rows[0][1], ns) for ns, rows in rows_ if rows and rows[0][1] < floor)
             if not oldest:
                 return evicted
-            ns, bound = oldest[0][1], oldest[1][0] if len(oldest) > 1 else float("inf")
+            ns, bound = oldest[0][1], min(floor, oldest[1][0] if len(oldest) > 1 else floor)
             lru = self.keys.of(ns, "lru")
             rows: list[tuple[bytes, float]] = self.client.zrangebyscore(  # type: ignore[assignment]
                 lru, "-inf", bound, 0, EVICT_BATCH, withscores=True
@@ -162,6 +163,7 @@ class RedisIndex:
             *self.keys.accounts(ns),
             self.keys.of(ns, "tails"),
             *(self.keys.member(m) for m, _ in members),
+            *self.keys.pins(ns),
         ]
         args: list[str | int] = [mode, budget]
         for member, score in members:
@@ -195,13 +197,8 @@ class RedisIndex:
         """Every member of every namespace's (or one's) LRU set, in batches (ZSCAN: safe while
         others write)."""
         for ns in [namespace.hex()] if namespace is not None else self._namespaces():
-            chunk: list[str] = []
-            for member, _ in self.client.zscan_iter(self.keys.of(ns, "lru"), count=batch):
-                chunk.append(member.decode())
-                if len(chunk) >= batch:
-                    yield chunk
-                    chunk = []
-            if chunk:
+            found = (m.decode() for m, _ in self.client.zscan_iter(self.keys.of(ns, "lru"), count=batch))
+            while chunk := list(itertools.islice(found, batch)):
                 yield chunk
 
     def entries(self, members: Sequence[str]) -> list[IndexEntry | None]:
@@ -225,7 +222,7 @@ class RedisIndex:
         return [bool(x) for x in pipe.execute()] if members else []
 
     def total_bytes(self) -> int:
-        """Bytes held over every namespace (the sum of their counters)."""
+        """Bytes held over every namespace (the sum of their counters), pinned ones included."""
         return sum(self._per_namespace("get", "bytes").values())
 
     def num_blocks(self) -> int:
@@ -244,7 +241,5 @@ class RedisIndex:
         return SharedCounters(self.client, self.key_prefix)
 
     def hot_prefixes(self) -> RedisHotPrefixes:
-        """The hot prefixes, in the same Redis under the same prefix (made once)."""
-        if self._hot is None:
-            self._hot = RedisHotPrefixes(self.client, self.keys)
+        """The hot prefixes, in the same Redis under the same prefix."""
         return self._hot

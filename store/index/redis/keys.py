@@ -16,6 +16,8 @@ the cluster's nodes. A block's *member* name is ``{ns_hex}:b:{hash_hex}`` (no br
     ``{prefix}{{ns}}:tails``     hash: tip hex (or ``root``) -> JSON list of the tails after it,
                                  ``[hash hex, tokens, short hash hex, expires at]`` (a tail's own
                                  entry is a ``b:`` key like a block's, with ``"tail"``: its tokens)
+    ``{prefix}{{ns}}:pins``      hash: member -> how many named caches pin it (``store.named``)
+    ``{prefix}{{ns}}:pinned``    the sum of the pinned members' ``sizes`` (their own budget)
     ``{prefix}namespaces``       set of every namespace that ever published (for the global totals)
     ``{prefix}{{ns}}:hot``, ``:hot:hits``, ``:hot:root``  the namespace's hot prefixes: a sorted
                                  set of deepest block hashes by tokens saved, their hits, and
@@ -68,3 +70,7 @@ class IndexKeys:
     def accounts(self, ns_hex: str) -> list[str]:
         """The namespace's LRU, sizes and bytes keys."""
         return [self.of(ns_hex, "lru"), self.of(ns_hex, "sizes"), self.of(ns_hex, "bytes")]
+
+    def pins(self, ns_hex: str) -> list[str]:
+        """The namespace's pins hash and pinned bytes (``store.index.redis.pins``)."""
+        return [self.of(ns_hex, "pins"), self.of(ns_hex, "pinned")]

@@ -19,16 +19,7 @@ from hashing import BlockHash, Namespace
 from store.entries import member_name
 from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Publication
 from store.index.redis.keys import IndexKeys
-from store.index.retention import CLASS_AGE_S, RETENTION_CLASSES
-
-# RETENTION: a block's LRU offset from the seconds it is still promised (a TTL of -1, no
-# expiry, is the longest), as ``store.index.base.lru_offset`` computes it.
-_BANDS = [(most, (i - 1) * CLASS_AGE_S) for i, (_, most) in enumerate(RETENTION_CLASSES)]
-RETENTION = (
-    "local function lru_offset(ttl)\n"
-    + "".join(f"  if ttl >= 0 and ttl <= {most} then return {offset!r} end\n" for most, offset in _BANDS[:-1])
-    + f"  return {_BANDS[-1][1]!r}\nend\n"
-)
+from store.index.retention import RETENTION
 
 # Tails (``hashing.tails``) are listed in one hash per namespace, the "tails" key: field = the
 # tip's hex hash (``root`` for the namespace root) -> JSON list of [tail hex, length, short hex
@@ -59,6 +50,7 @@ end
 #   KEYS[2 + i]      block i's entry key (chain order, n blocks)
 #   KEYS[2 + n + i]  block i's "seen" key
 #   KEYS[2 + 2n + j] the entry key of the candidate tail of j tokens after block n (m of them)
+#   KEYS[#KEYS]      the namespace's pins hash (a pinned block keeps its class)
 #   ARGV[1]    now (Unix seconds)     ARGV[2]  n
 #   ARGV[2 + i]  block i's TTL in seconds      ARGV[2 + n + i]  block i's member name
 #   ARGV[2 + 2n + 1 + k]  the tails field after k blocks (k = 0 .. n)
@@ -69,7 +61,7 @@ MATCH = (
     + RETENTION
     + """
 local n = tonumber(ARGV[2])
-local m = #KEYS - 2 - 2 * n
+local m = #KEYS - 3 - 2 * n
 local now = tonumber(ARGV[1])
 local entries = {}
 local seen = 0
@@ -80,8 +72,9 @@ for i = 1, n do
     break
   end
   redis.call('EXPIRE', KEYS[2 + i], ARGV[2 + i], 'GT')
-  local left = redis.call('TTL', KEYS[2 + i])
-  redis.call('ZADD', KEYS[1], 'XX', now - i * 1e-6 + lru_offset(left), ARGV[2 + n + i])
+  local pinned = redis.call('HEXISTS', KEYS[#KEYS], ARGV[2 + n + i]) == 1
+  local offset = pinned and PIN or lru_offset(redis.call('TTL', KEYS[2 + i]))
+  redis.call('ZADD', KEYS[1], 'XX', now - i * 1e-6 + offset, ARGV[2 + n + i])
   entries[i] = entry
 end
 local tails = live_tails(KEYS[2], ARGV[3 + 2 * n + #entries], now, nil)
@@ -112,7 +105,7 @@ def match_arguments(
     ns = namespace.hex()
     out_keys = [keys.of(ns, "lru"), keys.of(ns, "tails")]
     out_keys += [keys.block(namespace, h) for h in hashes] + [keys.seen(namespace, h) for h in hashes]
-    out_keys += [keys.block(namespace, h) for h in candidates]
+    out_keys += [keys.block(namespace, h) for h in candidates] + [keys.of(ns, "pins")]
     fields = [tails_field(None), *(tails_field(h) for h in hashes)]
     return out_keys, [now, len(hashes), *ttls, *(member_name(namespace, h) for h in hashes), *fields]
 
@@ -120,6 +113,7 @@ def match_arguments(
 # PUBLISH: index blocks and tails whose blobs are complete (SET NX: the first writer of each wins).
 #   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[4] tails hash
 #   KEYS[4 + 3(i-1) + 1..3]  item i's entry key, its "seen" key, its parent's children set
+#   KEYS[#KEYS - 1..#KEYS]   pins hash, pinned bytes (a block pinned before it was stored)
 #   ARGV[1] "seen" TTL (s)   ARGV[2] TAILS_PER_TIP   ARGV[3] TAIL_AGE_S (a tail's LRU setback)
 #   ARGV[3 + 10(i-1) + 1..10]  item i's entry JSON, TTL (s), member name, blob bytes, chain
 #                            position, used at (Unix seconds), hash (hex), tail length (0: a
@@ -129,14 +123,15 @@ PUBLISH = (
     LIVE_TAILS
     + RETENTION
     + """
-local n = (#KEYS - 4) / 3
+local n = (#KEYS - 6) / 3
 for i = 1, n do
   local k, a = 4 + 3 * (i - 1), 3 + 10 * (i - 1)
   if redis.call('SET', KEYS[k + 1], ARGV[a + 1], 'NX', 'EX', ARGV[a + 2]) then
     local used = tonumber(ARGV[a + 6])
     local is_tail = tonumber(ARGV[a + 8]) > 0
     local age = is_tail and tonumber(ARGV[3]) or 0
-    local offset = lru_offset(tonumber(ARGV[a + 2]))
+    local pinned = redis.call('HEXISTS', KEYS[#KEYS - 1], ARGV[a + 3]) == 1
+    local offset = pinned and PIN or lru_offset(tonumber(ARGV[a + 2]))
     redis.call('ZADD', KEYS[1], used - age - tonumber(ARGV[a + 5]) * 1e-6 + offset, ARGV[a + 3])
     if is_tail then
       local tails = live_tails(KEYS[4], ARGV[a + 10], used, ARGV[a + 7])
@@ -152,6 +147,7 @@ for i = 1, n do
     end
     if redis.call('HSETNX', KEYS[2], ARGV[a + 3], ARGV[a + 4]) == 1 then
       redis.call('INCRBY', KEYS[3], ARGV[a + 4])
+      if pinned then redis.call('INCRBY', KEYS[#KEYS], ARGV[a + 4]) end
     end
   end
 end
@@ -178,7 +174,7 @@ def publish_arguments(
         member, entry = member_name(namespace, b.block_hash), b.entry
         args += [entry.to_json(), b.ttl_s, member, entry.size, b.position, b.used_at, b.block_hash.hex()]
         args += [entry.tail, b.short_hash.hex() if b.short_hash else "", tails_field(b.parent)]
-    return out_keys, args
+    return [*out_keys, *keys.pins(ns)], args
 
 
 # PROMOTE: clear the "imported" mark of blocks their audit confirmed (each TTL kept).
@@ -197,7 +193,7 @@ end
 # FORGET: remove members from one namespace's index: those given as evicted (still at the LRU
 # score the caller read: not used since), or whose entry is gone (reclaim), or all (force).
 #   KEYS[1] LRU sorted set   KEYS[2] sizes hash   KEYS[3] bytes   KEYS[4] tails hash
-#   KEYS[4 + i] member i's entry key
+#   KEYS[4 + i] member i's entry key   KEYS[#KEYS - 1..#KEYS] pins hash, pinned bytes
 #   ARGV[1] mode: 'evict', 'reclaim' or 'force'   ARGV[2] bytes to free at most (evict; else 0)
 #   ARGV[2 + 2i - 1] member i's name   ARGV[2 + 2i] its LRU score as read (evict; else ignored)
 # Returns the members removed (their blobs are the caller's to delete); a tail's listing goes
@@ -210,7 +206,7 @@ local budget = tonumber(ARGV[2])
 local freed = 0
 local removed = {}
 local now = tonumber(redis.call('TIME')[1])
-for i = 1, #KEYS - 4 do
+for i = 1, #KEYS - 6 do
   local member = ARGV[1 + 2 * i]
   local take
   if mode == 'force' then
@@ -238,6 +234,7 @@ for i = 1, #KEYS - 4 do
       redis.call('HDEL', KEYS[2], member)
       redis.call('DECRBY', KEYS[3], size)
       freed = freed + tonumber(size)
+      if redis.call('HDEL', KEYS[#KEYS - 1], member) == 1 then redis.call('DECRBY', KEYS[#KEYS], size) end
     end
     removed[#removed + 1] = member
   end

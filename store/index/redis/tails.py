@@ -17,6 +17,7 @@ from store.entries import IndexEntry, member_name
 from store.index.base import TAIL_AGE_S, Matched, TailListing
 from store.index.redis import scripts
 from store.index.redis.keys import IndexKeys
+from store.index.retention import RETENTION
 
 PRUNE_BATCH = 64
 """Tips one PRUNE call looks at."""
@@ -27,7 +28,7 @@ PRUNE_BATCH = 64
 #   ARGV[5] tail hash (hex)   ARGV[6] its chain position   ARGV[7] TAIL_AGE_S
 TOUCH = (
     scripts.LIVE_TAILS
-    + scripts.RETENTION
+    + RETENTION
     + """
 if redis.call('EXPIRE', KEYS[3], ARGV[2], 'GT') == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
   return 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from proxy.config import Settings, parse_bytes
+from proxy.config import Settings
 from proxy.router.settings import RouteSettings
+from proxy.setting_values import parse_bytes
 from proxy.stores import blob_budget, open_blobs
 from store.blobs.s3 import S3BlobStore
 

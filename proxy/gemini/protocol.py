@@ -1,0 +1,124 @@
+"""Gemini API bodies (``v1beta``): contents, generation config, cached contents, and the replies
+kvproxy gives. Fields are camelCase on the wire (the ``google-genai`` SDK's JSON); snake_case is
+accepted too. Text parts only.
+
+Source: Google's Gemini API reference: ``models.generateContent``, ``models.streamGenerateContent``
+and ``cachedContents`` (Content, Part, GenerationConfig, CachedContent, UsageMetadata; Duration
+and Timestamp in protobuf's JSON form: ``"600s"``, RFC 3339).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from proxy.http.errors import OpenAIError
+
+ROLES = {"user": "user", "model": "assistant"}
+"""Gemini's content roles as chat roles."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+
+class Part(_Body):
+    text: str | None = None
+
+
+class Content(_Body):
+    role: Literal["user", "model"] | None = None
+    parts: list[Part] = Field(default_factory=list)
+
+    def text(self, param: str) -> str:
+        """The parts' text, joined.
+
+        Raises:
+            OpenAIError: 400 naming the first part that is not text.
+        """
+        for i, part in enumerate(self.parts):
+            if part.text is None or part.model_extra:
+                kind = next(iter(part.model_extra or {}), "empty part")
+                raise OpenAIError(
+                    400, f"only text parts are supported, not {kind}", param=f"{param}.parts[{i}]"
+                )
+        return "".join(p.text or "" for p in self.parts)
+
+
+def chat_messages(
+    system: Content | None, contents: list[Content], param: str = "contents"
+) -> list[dict[str, Any]]:
+    """A system instruction and contents as chat messages (``role`` ``user`` when absent).
+
+    Raises:
+        OpenAIError: 400 naming a part that is not text.
+    """
+    out = [] if system is None else [{"role": "system", "content": system.text("systemInstruction")}]
+    for i, content in enumerate(contents):
+        out.append({"role": ROLES[content.role or "user"], "content": content.text(f"{param}[{i}]")})
+    return out
+
+
+class GenerationConfig(_Body):
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop_sequences: list[str] | None = Field(None, max_length=5)
+    candidate_count: Literal[1] | None = None
+
+
+class GenerateContentRequest(_Body):
+    contents: list[Content] = Field(default_factory=list)
+    system_instruction: Content | None = None
+    generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
+    cached_content: str | None = None
+
+
+class CachedContentRequest(_Body):
+    """``cachedContents.create``'s body (and ``patch``'s: ``ttl`` or ``expireTime`` only)."""
+
+    model: str | None = None
+    contents: list[Content] = Field(default_factory=list)
+    system_instruction: Content | None = None
+    display_name: str = Field("", max_length=128)
+    ttl: str | None = None
+    expire_time: datetime | None = None
+
+    @field_validator("ttl")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d+(\.\d+)?s", value):
+            raise ValueError(f"{value!r} is not a duration such as '600s'")
+        return value
+
+    def expiry(self, now: float, default_s: int, longest_s: int) -> float:
+        """The expiry (Unix seconds) asked for: ``expireTime``, else now + ``ttl`` (default
+        ``default_s``), at most ``longest_s`` from now.
+
+        Raises:
+            OpenAIError: 400 for both given, or an expiry not in the future.
+        """
+        if self.ttl is not None and self.expire_time is not None:
+            raise OpenAIError(400, "give ttl or expireTime, not both", param="ttl")
+        if self.expire_time is not None:
+            stamp = self.expire_time
+            at = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
+        else:
+            at = now + (float(self.ttl[:-1]) if self.ttl is not None else default_s)
+        if at <= now:
+            raise OpenAIError(400, "the expiry must be in the future", param="expireTime")
+        return min(at, now + longest_s)
+
+
+def timestamp(unix_s: float) -> str:
+    """Unix seconds as an RFC 3339 timestamp in UTC (``2026-12-03T14:00:00.000000Z``)."""
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def model_name(name: str) -> str:
+    """A model as the API names it (``models/x``, or ``x``) as kvproxy serves it: ``x``."""
+    return name.removeprefix("models/")

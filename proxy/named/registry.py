@@ -1,0 +1,168 @@
+"""Named caches (Gemini's ``cachedContents``): the records, kept in the Redis the cache uses so every
+replica sees them, scoped to the tenant that created them.
+
+A record (``NamedCache``) holds the content as chat messages (rendered again by each request
+that uses it), the chain of block hashes it pins in its tenant's namespace
+(``store.index.retention.Pins``), and its expiry. The pins are released once: by whoever removes
+the record (``delete`` says whether it was there), when its tenant deletes it or when it expires
+(``NamedCaches.expired``, swept by ``proxy.named.service``).
+
+Keys (under ``key_prefix``; ``{named}`` is a Redis Cluster hash tag, so one MULTI touches one
+node). A *member* is ``{tenant digest}:{id}``:
+
+    ``{prefix}{named}:r:{member}``  the record (JSON)
+    ``{prefix}{named}:t:{tenant digest}``  set of the tenant's ids (its listing)
+    ``{prefix}{named}:expiry``      sorted set: member -> expiry (Unix seconds)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import redis
+import xxhash
+
+
+@dataclass(frozen=True)
+class NamedCache:
+    """One named cache.
+
+    Attributes:
+        id: its id; the API's name is ``cachedContents/{id}``.
+        model: the served model it was made for.
+        display_name: the creator's label ("" for none).
+        messages: the content as chat messages (``role``, ``content`` text), system first.
+        namespace: hex of the namespace its blocks are in (model, format and tenant).
+        block_hashes: hex of the full blocks it pins, in chain order.
+        tokens: the content's length in tokens, rendered without a generation prompt.
+        block_bytes: bytes of the pinned blocks' blobs.
+        created, updated, expires: Unix seconds.
+    """
+
+    id: str
+    model: str
+    display_name: str
+    messages: list[dict[str, Any]]
+    namespace: str
+    block_hashes: list[str]
+    tokens: int
+    block_bytes: int
+    created: float
+    updated: float
+    expires: float
+    tenant_digest: str = field(default="")
+
+    @property
+    def name(self) -> str:
+        return f"cachedContents/{self.id}"
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> NamedCache:
+        return cls(**json.loads(text))
+
+
+def tenant_digest(tenant: str) -> str:
+    return xxhash.xxh3_64_hexdigest(tenant.encode())
+
+
+class NamedCaches(Protocol):
+    """Where named caches are kept. Every method may raise ``redis.RedisError``."""
+
+    def put(self, tenant: str, cache: NamedCache) -> None:
+        """Keep (or replace) ``cache`` under its id for ``tenant``."""
+
+    def get(self, tenant: str, cache_id: str) -> NamedCache | None:
+        """``tenant``'s cache ``cache_id`` (None: none, or another tenant's)."""
+
+    def of_tenant(self, tenant: str) -> list[NamedCache]:
+        """``tenant``'s caches, oldest first."""
+
+    def delete(self, tenant_hex: str, cache_id: str) -> NamedCache | None:
+        """Remove a cache (``tenant_hex``: ``tenant_digest`` of its tenant); the record when this
+        call removed it (its pins are then the caller's to release), else None."""
+
+    def expired(self, now: float) -> list[NamedCache]:
+        """The caches (of every tenant) whose expiry is at or before ``now``."""
+
+
+class RedisNamedCaches:
+    """``NamedCaches`` on Redis (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis, key_prefix: str) -> None:
+        self.client, self.base = client, f"{key_prefix}{{named}}:"
+
+    def put(self, tenant: str, cache: NamedCache) -> None:
+        digest = tenant_digest(tenant)
+        member = f"{digest}:{cache.id}"
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(f"{self.base}r:{member}", NamedCache(**asdict(cache) | {"tenant_digest": digest}).dumps())
+        pipe.sadd(f"{self.base}t:{digest}", cache.id)
+        pipe.zadd(f"{self.base}expiry", {member: cache.expires})
+        pipe.execute()
+
+    def get(self, tenant: str, cache_id: str) -> NamedCache | None:
+        text = self.client.get(f"{self.base}r:{tenant_digest(tenant)}:{cache_id}")
+        return None if text is None else NamedCache.loads(text)  # type: ignore[arg-type]
+
+    def of_tenant(self, tenant: str) -> list[NamedCache]:
+        digest = tenant_digest(tenant)
+        ids = sorted(m.decode() for m in self.client.smembers(f"{self.base}t:{digest}"))  # type: ignore[union-attr]
+        texts = self.client.mget([f"{self.base}r:{digest}:{i}" for i in ids]) if ids else []
+        found = [NamedCache.loads(t) for t in texts if t is not None]  # type: ignore[union-attr]
+        return sorted(found, key=lambda c: c.created)
+
+    def delete(self, tenant_hex: str, cache_id: str) -> NamedCache | None:
+        member = f"{tenant_hex}:{cache_id}"
+        pipe = self.client.pipeline(transaction=True)
+        pipe.getdel(f"{self.base}r:{member}")
+        pipe.srem(f"{self.base}t:{tenant_hex}", cache_id)
+        pipe.zrem(f"{self.base}expiry", member)
+        text = pipe.execute()[0]
+        return None if text is None else NamedCache.loads(text)
+
+    def expired(self, now: float) -> list[NamedCache]:
+        members: list[bytes] = self.client.zrangebyscore(f"{self.base}expiry", "-inf", now, 0, 100)  # type: ignore[assignment]
+        texts: list[bytes | None] = (
+            self.client.mget([f"{self.base}r:{m.decode()}" for m in members]) if members else []  # type: ignore[assignment]
+        )
+        out = [NamedCache.loads(t) for t in texts if t is not None]
+        gone = [m for m, t in zip(members, texts, strict=True) if t is None]
+        if gone:
+            self.client.zrem(f"{self.base}expiry", *gone)
+        return out
+
+
+class MemoryNamedCaches:
+    """``NamedCaches`` in this process (``--redis-url memory://``): forgotten at restart."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[tuple[str, str], NamedCache] = {}  # (tenant digest, id) -> record
+
+    def put(self, tenant: str, cache: NamedCache) -> None:
+        digest = tenant_digest(tenant)
+        with self._lock:
+            self._records[(digest, cache.id)] = NamedCache(**asdict(cache) | {"tenant_digest": digest})
+
+    def get(self, tenant: str, cache_id: str) -> NamedCache | None:
+        with self._lock:
+            return self._records.get((tenant_digest(tenant), cache_id))
+
+    def of_tenant(self, tenant: str) -> list[NamedCache]:
+        digest = tenant_digest(tenant)
+        with self._lock:
+            return sorted((c for (t, _), c in self._records.items() if t == digest), key=lambda c: c.created)
+
+    def delete(self, tenant_hex: str, cache_id: str) -> NamedCache | None:
+        with self._lock:
+            return self._records.pop((tenant_hex, cache_id), None)
+
+    def expired(self, now: float) -> list[NamedCache]:
+        with self._lock:
+            return [c for c in self._records.values() if c.expires <= now]

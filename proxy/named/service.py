@@ -1,0 +1,254 @@
+"""Named caches as a service: made from chat messages (computed, stored, then pinned within
+``--max-pinned-bytes``), found by name for a request of any dialect (``cached_content``), given a
+new expiry, deleted, and released when they expire (``sweep_forever``).
+
+A request that names a cache starts with the cache's messages; the rest of its prompt follows.
+Chat templates render turn after turn, so its prompt starts with the cache's tokens and reads its
+pinned blocks as hits; the tokens after the cache's last full block are computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from engine.worker import Engine
+from hashing import BLOCK_SIZE, BlockHash, Namespace
+from proxy.cache_api.prewarm import store_prompt
+from proxy.config import Settings
+from proxy.http.errors import OpenAIError
+from proxy.named.registry import MemoryNamedCaches, NamedCache, NamedCaches, RedisNamedCaches
+from proxy.serving.rendering import RenderError, render_chat
+from proxy.serving.validation import check_prompt_length
+from store.admin_interface import CacheAdmin
+from store.index.memory.index import MEMORY_URL
+from store.index.redis.connect import REDIS_ERRORS, redis_client
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_S = 1.0
+"""Seconds between looks for expired named caches (their pins are released then)."""
+STATE_TIMEOUT_S = 2.0
+"""The least time a Redis operation on named caches may take (state, as stored responses are)."""
+PREFIX = "cachedContents/"
+
+
+def open_named(settings: Settings) -> NamedCaches:
+    """The named caches ``--redis-url`` names (in this process for ``memory://``)."""
+    if settings.redis_url.startswith(MEMORY_URL):
+        return MemoryNamedCaches()
+    client = redis_client(settings.redis_url, max(settings.redis_timeout, STATE_TIMEOUT_S))
+    return RedisNamedCaches(client, settings.key_prefix)
+
+
+def get_named(request: Request) -> NamedCaches:
+    return request.app.state.named
+
+
+async def on_state(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the named caches' store, in a thread; a Redis fault is a 503."""
+    try:
+        return await run_in_threadpool(fn, *args)
+    except REDIS_ERRORS as exc:
+        raise OpenAIError.cache_unavailable(": named caches are unavailable") from exc
+
+
+def chain(record: NamedCache) -> tuple[Namespace, list[BlockHash]]:
+    """The namespace and block hashes ``record`` pins."""
+    return Namespace(bytes.fromhex(record.namespace)), [
+        BlockHash(bytes.fromhex(h)) for h in record.block_hashes
+    ]
+
+
+def content_ids(engine: Engine, messages: list[dict[str, Any]]) -> list[int]:
+    """A cache's messages rendered as a prompt's start (no generation prompt).
+
+    Raises:
+        OpenAIError: 400 naming the field the chat template cannot render.
+    """
+    try:
+        return render_chat(engine.loaded.tokenizer, messages, add_generation_prompt=False)
+    except RenderError as exc:
+        raise OpenAIError(400, exc.message, param=exc.param) from exc
+
+
+async def create(
+    engine: Engine,
+    cache: CacheAdmin,
+    named: NamedCaches,
+    settings: Settings,
+    tenant: str,
+    messages: list[dict[str, Any]],
+    expires: float,
+    display_name: str,
+) -> NamedCache:
+    """Compute and store ``messages`` as a prompt's start, pin its full blocks until ``expires``
+    (Unix seconds) and keep the record.
+
+    Raises:
+        OpenAIError: 400 for content shorter than a block or longer than the context; 429 when
+            the pinned bytes would pass ``--max-pinned-bytes``; 503 when Redis is unreachable.
+    """
+    ids = await run_in_threadpool(content_ids, engine, messages)
+    if len(ids) < BLOCK_SIZE:
+        raise OpenAIError(
+            400,
+            f"Cached content is too small: {len(ids)} tokens; a named cache holds at least one "
+            f"{BLOCK_SIZE}-token block",
+            param="contents",
+        )
+    check_prompt_length(engine, len(ids), "contents")
+    namespace, ttl = engine.loaded.namespace(tenant), math.ceil(expires - time.time()) + 1
+    need = len(ids) // BLOCK_SIZE * engine.loaded.kv_spec.block_bytes
+    await _check_budget(cache, settings, need)
+    # NOTE: pinned before they are stored, so the byte budget cannot evict them meanwhile
+    reserved = await run_in_threadpool(cache.pin, namespace, ids, ttl)
+    if reserved is None:
+        raise OpenAIError.cache_unavailable(": the named cache was not made")
+    try:
+        await store_prompt(engine, ids, tenant, ttl)
+        pinned = await run_in_threadpool(cache.pin, namespace, ids, ttl)  # NOTE: each now stored
+    finally:
+        await run_in_threadpool(cache.unpin, namespace, reserved.block_hashes)
+    if pinned is None or pinned.missing:
+        if pinned is not None:
+            await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
+        raise OpenAIError(503, "the content's blocks could not be stored; try again", type="server_error")
+    try:  # NOTE: again, now that the bytes are known: of two made at once, both may not fit
+        await _check_budget(cache, settings, 0)
+    except OpenAIError:
+        await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
+        raise
+    now = time.time()
+    record = NamedCache(
+        id=uuid.uuid4().hex[:16],
+        model=engine.loaded.name,
+        display_name=display_name,
+        messages=messages,
+        namespace=namespace.hex(),
+        block_hashes=[h.hex() for h in pinned.block_hashes],
+        tokens=len(ids),
+        block_bytes=pinned.held,
+        created=now,
+        updated=now,
+        expires=expires,
+    )
+    try:
+        await on_state(named.put, tenant, record)
+    except OpenAIError:
+        await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
+        raise
+    return record
+
+
+async def _check_budget(cache: CacheAdmin, settings: Settings, need: int) -> None:
+    """Raises OpenAIError: 429 when ``need`` more pinned bytes would pass ``--max-pinned-bytes``
+    (503 when Redis cannot say)."""
+    held = await run_in_threadpool(cache.pinned_bytes)
+    if held is None:
+        raise OpenAIError.cache_unavailable(": the named cache was not made")
+    if held + need > settings.max_pinned_bytes:
+        raise OpenAIError(
+            429,
+            f"the named caches' pinned blocks would pass --max-pinned-bytes "
+            f"({settings.max_pinned_bytes} bytes; {held} are pinned, this one needs {need})",
+            type="rate_limit_error",
+            code="pinned_budget_exceeded",
+        )
+
+
+async def find(named: NamedCaches, tenant: str, name: str) -> NamedCache:
+    """``tenant``'s live cache ``name`` (``cachedContents/{id}``, or the id).
+
+    Raises:
+        OpenAIError: 404 when ``tenant`` has no such cache (another tenant's is not found
+            either), or it expired; 503 when Redis is unreachable.
+    """
+    record = await on_state(named.get, tenant, name.removeprefix(PREFIX))
+    if record is None or record.expires <= time.time():
+        raise OpenAIError(404, f"CachedContent not found (or expired): {name}", param="cached_content")
+    return record
+
+
+async def with_cache(
+    named: NamedCaches, tenant: str, name: str, model: str, messages: list[dict[str, Any]], param: str
+) -> list[dict[str, Any]]:
+    """The cache ``name``'s messages, then ``messages`` (a request's, naming it in ``param``).
+
+    Raises:
+        OpenAIError: 404 when ``tenant`` has no live cache ``name``; 400 when it was made for
+            another model, or ``messages`` bring a system message of their own (as Gemini
+            refuses a system instruction beside a cached content).
+    """
+    record = await find(named, tenant, name)
+    if record.model != model:
+        raise OpenAIError(
+            400,
+            f"the request's model ({model}) and the cached content's ({record.model}) must be the same",
+            param=param,
+        )
+    if any(m.get("role") in ("system", "developer") for m in messages):
+        raise OpenAIError(
+            400, "a request naming a cached content cannot set a system instruction", param=param
+        )
+    return record.messages + messages
+
+
+async def set_expiry(
+    engine: Engine, cache: CacheAdmin, named: NamedCaches, tenant: str, record: NamedCache, expires: float
+) -> NamedCache:
+    """``record`` with a new expiry; its blocks' TTLs follow (pinned once more, then released once:
+    the pin count stays).
+
+    Raises:
+        OpenAIError: 503 when Redis is unreachable.
+    """
+    namespace, hashes = chain(record)
+    ids = await run_in_threadpool(content_ids, engine, record.messages)  # NOTE: the ids it pinned
+    pinned = await run_in_threadpool(cache.pin, namespace, ids, math.ceil(expires - time.time()) + 1)
+    if pinned is None:
+        raise OpenAIError.cache_unavailable(": the expiry was not changed")
+    await run_in_threadpool(cache.unpin, namespace, hashes)
+    updated = dataclasses.replace(record, expires=expires, updated=time.time())
+    await on_state(named.put, tenant, updated)
+    return updated
+
+
+async def delete(cache: CacheAdmin, named: NamedCaches, tenant_hex: str, cache_id: str) -> bool:
+    """Remove a cache and release its pins (only the call that removed it does); whether it was
+    there."""
+    record = await on_state(named.delete, tenant_hex, cache_id)
+    if record is None:
+        return False
+    await release(cache, record)
+    return True
+
+
+async def release(cache: CacheAdmin, record: NamedCache) -> None:
+    """Release ``record``'s pins (a warning when Redis fails: its blocks then stay pinned until
+    their TTL, the cache's expiry, runs out and the collector reclaims them)."""
+    if not await run_in_threadpool(cache.unpin, *chain(record)):
+        log.warning("named cache %s: its pins could not be released (Redis)", record.id)
+
+
+async def sweep_forever(cache: CacheAdmin, named: NamedCaches) -> None:
+    """Every ``SWEEP_INTERVAL_S`` seconds, delete the named caches that expired and release their
+    pins (their blocks then have a second of TTL left, and go)."""
+    while True:
+        try:
+            for record in await on_state(named.expired, time.time()):
+                await delete(cache, named, record.tenant_digest, record.id)
+        except OpenAIError as exc:  # NOTE: Redis is down: the next sweep finds them still
+            log.debug("named caches: sweep failed (%s)", exc.message)
+        await asyncio.sleep(SWEEP_INTERVAL_S)
