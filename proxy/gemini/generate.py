@@ -23,7 +23,6 @@ from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named import service
 from proxy.named.registry import NamedCaches
-from proxy.serving.rendering import RenderError, render_chat
 from proxy.serving.running import Started, complete, start
 from proxy.serving.streaming import event_stream, json_response, new_id, sse
 from proxy.serving.validation import check_model, completion_budget
@@ -34,18 +33,6 @@ NamedDep = Annotated[NamedCaches, Depends(service.get_named)]
 
 FINISH_REASONS = {"stop": "STOP", "length": "MAX_TOKENS"}
 """kvproxy's finish reasons as Gemini's (anything else: ``OTHER``)."""
-
-
-def chat_ids(engine: Engine, messages: list[dict[str, Any]]) -> list[int]:
-    """The prompt: ``messages`` rendered with the generation prompt.
-
-    Raises:
-        OpenAIError: 400 naming the field the chat template cannot render.
-    """
-    try:
-        return render_chat(engine.loaded.tokenizer, messages)
-    except RenderError as exc:
-        raise OpenAIError(400, exc.message, param=exc.param) from exc
 
 
 def usage(done: PrefillDone, completion_tokens: int) -> dict[str, int]:
@@ -95,7 +82,7 @@ async def _generation(
         messages = await service.with_cache(
             named, tenant, body.cached_content, model, messages, "cachedContent"
         )
-    ids = await run_in_threadpool(chat_ids, engine, messages)
+    ids = await run_in_threadpool(service.rendered, engine, messages)
     config = body.generation_config
     return GenerationRequest(
         prompt_ids=tuple(ids),

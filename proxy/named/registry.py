@@ -17,6 +17,7 @@ node). A *member* is ``{tenant digest}:{id}``:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import asdict, dataclass, field
@@ -101,7 +102,7 @@ class RedisNamedCaches:
         digest = tenant_digest(tenant)
         member = f"{digest}:{cache.id}"
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(f"{self.base}r:{member}", NamedCache(**asdict(cache) | {"tenant_digest": digest}).dumps())
+        pipe.set(f"{self.base}r:{member}", dataclasses.replace(cache, tenant_digest=digest).dumps())
         pipe.sadd(f"{self.base}t:{digest}", cache.id)
         pipe.zadd(f"{self.base}expiry", {member: cache.expires})
         pipe.execute()
@@ -148,7 +149,7 @@ class MemoryNamedCaches:
     def put(self, tenant: str, cache: NamedCache) -> None:
         digest = tenant_digest(tenant)
         with self._lock:
-            self._records[(digest, cache.id)] = NamedCache(**asdict(cache) | {"tenant_digest": digest})
+            self._records[(digest, cache.id)] = dataclasses.replace(cache, tenant_digest=digest)
 
     def get(self, tenant: str, cache_id: str) -> NamedCache | None:
         with self._lock:

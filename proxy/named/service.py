@@ -27,6 +27,7 @@ from proxy.cache_api.prewarm import store_prompt
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.named.registry import MemoryNamedCaches, NamedCache, NamedCaches, RedisNamedCaches
+from proxy.responses.state import STATE_TIMEOUT_S
 from proxy.serving.rendering import RenderError, render_chat
 from proxy.serving.validation import check_prompt_length
 from store.admin_interface import CacheAdmin
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
 """Seconds between looks for expired named caches (their pins are released then)."""
-STATE_TIMEOUT_S = 2.0
-"""The least time a Redis operation on named caches may take (state, as stored responses are)."""
 PREFIX = "cachedContents/"
 
 
@@ -71,14 +70,14 @@ def chain(record: NamedCache) -> tuple[Namespace, list[BlockHash]]:
     ]
 
 
-def content_ids(engine: Engine, messages: list[dict[str, Any]]) -> list[int]:
-    """A cache's messages rendered as a prompt's start (no generation prompt).
+def rendered(engine: Engine, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
+    """``messages`` rendered as a prompt, or (``generation_prompt`` False) as a cache's content.
 
     Raises:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
     try:
-        return render_chat(engine.loaded.tokenizer, messages, add_generation_prompt=False)
+        return render_chat(engine.loaded.tokenizer, messages, add_generation_prompt=generation_prompt)
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
 
@@ -100,7 +99,7 @@ async def create(
         OpenAIError: 400 for content shorter than a block or longer than the context; 429 when
             the pinned bytes would pass ``--max-pinned-bytes``; 503 when Redis is unreachable.
     """
-    ids = await run_in_threadpool(content_ids, engine, messages)
+    ids = await run_in_threadpool(rendered, engine, messages, False)
     if len(ids) < BLOCK_SIZE:
         raise OpenAIError(
             400,
@@ -215,7 +214,7 @@ async def set_expiry(
         OpenAIError: 503 when Redis is unreachable.
     """
     namespace, hashes = chain(record)
-    ids = await run_in_threadpool(content_ids, engine, record.messages)  # NOTE: the ids it pinned
+    ids = await run_in_threadpool(rendered, engine, record.messages, False)  # NOTE: the ids it pinned
     pinned = await run_in_threadpool(cache.pin, namespace, ids, math.ceil(expires - time.time()) + 1)
     if pinned is None:
         raise OpenAIError.cache_unavailable(": the expiry was not changed")

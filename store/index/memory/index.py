@@ -162,10 +162,6 @@ class MemoryIndex:
         return PIN_OFFSET if member in self.pinned else lru_offset(expires - self.clock())
 
     @_locked
-    def pinned_bytes(self) -> int:
-        return sum(self.sizes.get(m, 0) for m in self.pinned)
-
-    @_locked
     def evict(self, max_bytes: int) -> list[str]:
         evicted = []
         unpinned = {m: score for m, score in self.lru.items() if m not in self.pinned}

@@ -26,12 +26,12 @@ class MemoryPins:
         with x._lock:
             for i, member in enumerate(members):
                 x.pinned[member] = x.pinned.get(member, 0) + 1
+                added += x.sizes.get(member, 0) if x.pinned[member] == 1 else 0
                 if x._entry(member) is None:
                     missing += 1
                     continue
                 entry, expires = x.entries_[member]
                 x.entries_[member] = (entry, max(expires, x.clock() + ttl_s))
-                added += x.sizes.get(member, 0) if x.pinned[member] == 1 else 0
                 held += x.sizes.get(member, 0)
                 x.lru[member] = x.clock() - i * 1e-6 + PIN_OFFSET
         return Pinning(added, held, missing)

@@ -35,8 +35,8 @@ for i = 1, #KEYS - 4 do
   local size = tonumber(redis.call('HGET', KEYS[2], member) or '0')
   local stored = redis.call('EXISTS', KEYS[4 + i]) == 1
   if stored then redis.call('EXPIRE', KEYS[4 + i], ARGV[2], 'GT') else missing = missing + 1 end
-  if redis.call('HINCRBY', KEYS[3], member, 1) == 1 and stored then
-    redis.call('INCRBY', KEYS[4], size)
+  if redis.call('HINCRBY', KEYS[3], member, 1) == 1 and size > 0 then
+    redis.call('INCRBY', KEYS[4], size)  -- NOTE: as UNPIN and FORGET take it: every sized member
     added = added + size
   end
   if stored then
