@@ -20,6 +20,7 @@ from proxy.cache_api import prewarm, snapshots
 from proxy.config import Settings
 from proxy.gemini import caches as gemini_caches
 from proxy.gemini import generate as gemini_generate
+from proxy.gemini import models as gemini_models
 from proxy.http.auth import parse_api_keys
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         messages,
         gemini_generate,
         gemini_caches,
+        gemini_models,
         tokenize,
         models,
         health,

@@ -20,7 +20,7 @@ from rich.progress import Progress
 from proxy.config import Settings
 from proxy.flags import load_settings, option
 from store.errors import StoreUnavailable
-from store.index.redis.connect import redact_url
+from store.index.redis.connect import REDIS_ERRORS, redact_url
 
 TIMEOUT_S = 600.0
 
@@ -237,13 +237,18 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
     """Remove every cached block, or one namespace's."""
     if namespace is not None and not re.fullmatch(r"[0-9a-f]{32}", namespace):
         raise click.BadParameter("a namespace is 32 lowercase hex digits", param_hint="--namespace")
+    from proxy.named.service import forget_cleared, open_named
+
     try:
         removed = open_admin(**flags).clear(namespace)
+        named = forget_cleared(open_named(load_settings(**flags)), namespace)
     except OSError as exc:
         fail(f"the blob store failed while clearing: {exc}")
     except StoreUnavailable:
         fail("Redis stopped answering while clearing; nothing more was done")
-    click.echo(json.dumps({"removed_blocks": removed}))
+    except REDIS_ERRORS:
+        fail("Redis stopped answering while clearing the named caches; the blocks are gone")
+    click.echo(json.dumps({"removed_blocks": removed, "removed_named_caches": named}))
 
 
 for command in (prewarm, export, import_):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from proxy.cache_api.protocol import ClearRequest
 from proxy.http.auth import require_admin
 from proxy.http.errors import OpenAIError
+from proxy.named.service import forget_cleared, get_named, on_state
 from proxy.state import CacheDep, CacheOnDep, EngineDep
 from store.errors import StoreUnavailable
 
@@ -41,10 +42,14 @@ async def cache_gc(cache: CacheOnDep) -> dict[str, Any]:
 
 
 @router.post("/clear")
-async def cache_clear(cache: CacheOnDep, body: ClearRequest | None = None) -> dict[str, Any]:
-    """Remove every cached block, or one namespace's."""
+async def cache_clear(
+    cache: CacheOnDep, request: Request, body: ClearRequest | None = None
+) -> dict[str, Any]:
+    """Remove every cached block, or one namespace's, and the named caches they held."""
+    namespace = body.namespace if body else None
     try:
-        removed = await run_in_threadpool(cache.clear, body.namespace if body else None)
+        removed = await run_in_threadpool(cache.clear, namespace)
     except StoreUnavailable as exc:
         raise OpenAIError.cache_unavailable(f": {exc}") from exc
-    return {"removed_blocks": removed}
+    named = await on_state(forget_cleared, get_named(request), namespace)
+    return {"removed_blocks": removed, "removed_named_caches": named}

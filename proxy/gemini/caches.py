@@ -11,7 +11,13 @@ from fastapi import APIRouter, Depends, Query
 
 from engine.worker import Engine
 from proxy.config import Settings
-from proxy.gemini.protocol import CachedContentRequest, chat_messages, model_name, timestamp
+from proxy.gemini.protocol import (
+    CachedContentRequest,
+    chat_messages,
+    model_name,
+    refuse_unsupported,
+    timestamp,
+)
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named import service
@@ -71,12 +77,20 @@ async def create(body: CachedContentRequest, c: CachingDep) -> dict[str, Any]:
     if body.model is None:
         raise OpenAIError(400, "model: a cached content names its model", param="model")
     check_model(engine, model_name(body.model))
+    refuse_unsupported(body)
+    if not body.contents:
+        raise OpenAIError(400, "contents: a cached content needs at least one content", param="contents")
     if settings.max_pinned_bytes == 0:
         raise OpenAIError(400, "named caches are off on this server (--max-pinned-bytes 0)", param="model")
     messages = chat_messages(body.system_instruction, body.contents)
-    expires = body.expiry(time.time(), min(DEFAULT_TTL_S, settings.max_ttl), settings.max_ttl)
+    longest = settings.max_ttl
+    body.expiry(time.time(), min(DEFAULT_TTL_S, longest), longest)  # NOTE: a bad one fails before any work
+
+    def expiry(now: float) -> float:
+        return body.expiry(now, min(DEFAULT_TTL_S, longest), longest)
+
     made = await service.create(
-        engine, c.cache, c.named, settings, c.tenant, messages, expires, body.display_name
+        engine, c.cache, c.named, settings, c.tenant, messages, expiry, body.display_name
     )
     return described(made)
 

@@ -18,7 +18,7 @@ from engine.requests import Failed, Finished, GenerationRequest, PrefillDone, To
 from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.config import Settings
-from proxy.gemini.protocol import GenerateContentRequest, chat_messages, model_name
+from proxy.gemini.protocol import GenerateContentRequest, chat_messages, model_name, refuse_unsupported
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named import service
@@ -60,6 +60,25 @@ def reply(
     }
 
 
+async def prompt_messages(
+    engine: Engine, named: NamedCaches, tenant: str, model: str, body: GenerateContentRequest
+) -> list[dict[str, Any]]:
+    """The body's prompt as chat messages, the named cache's first.
+
+    Raises:
+        OpenAIError: 404 for a model not served or a cache not found; 400 for a field the
+            prompt cannot be made from.
+    """
+    check_model(engine, model)
+    refuse_unsupported(body)
+    messages = chat_messages(body.system_instruction, body.contents)
+    if not body.contents:
+        raise OpenAIError(400, "contents: at least one content is required", param="contents")
+    if body.cached_content is None:
+        return messages
+    return await service.with_cache(named, tenant, body.cached_content, model, messages, "cachedContent")
+
+
 async def _generation(
     engine: Engine,
     settings: Settings,
@@ -68,20 +87,13 @@ async def _generation(
     model: str,
     body: GenerateContentRequest,
 ) -> GenerationRequest:
-    """The body's prompt (the named cache's messages first) as a generation request.
+    """The body's prompt (``prompt_messages``) as a generation request.
 
     Raises:
-        OpenAIError: 404 for a model not served or a cache not found; 400 for a field the
-            prompt cannot be rendered from.
+        OpenAIError: as ``prompt_messages``; 400 for a prompt or ``maxOutputTokens`` past the
+            context.
     """
-    check_model(engine, model)
-    messages = chat_messages(body.system_instruction, body.contents)
-    if not body.contents:
-        raise OpenAIError(400, "contents: at least one content is required", param="contents")
-    if body.cached_content is not None:
-        messages = await service.with_cache(
-            named, tenant, body.cached_content, model, messages, "cachedContent"
-        )
+    messages = await prompt_messages(engine, named, tenant, model, body)
     ids = await run_in_threadpool(service.rendered, engine, messages)
     config = body.generation_config
     return GenerationRequest(
@@ -90,6 +102,9 @@ async def _generation(
         sampling=SamplingParams(
             temperature=1.0 if config.temperature is None else config.temperature,
             top_p=1.0 if config.top_p is None else config.top_p,
+            seed=config.seed,
+            presence_penalty=config.presence_penalty or 0.0,
+            frequency_penalty=config.frequency_penalty or 0.0,
         ),
         stop=tuple(config.stop_sequences or ()),
         tenant=tenant,

@@ -69,6 +69,40 @@ class GenerationConfig(_Body):
     top_p: float | None = Field(None, gt=0, le=1)
     stop_sequences: list[str] | None = Field(None, max_length=5)
     candidate_count: Literal[1] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    response_mime_type: Literal["text/plain"] | None = None
+
+
+UNSUPPORTED = {
+    "tools": "tools",
+    "toolConfig": "tools",
+    "generationConfig.responseSchema": "structured output",
+    "generationConfig.responseJsonSchema": "structured output",
+    "generationConfig.topK": "top-k sampling",
+    "generationConfig.responseLogprobs": "log-probabilities",
+    "generationConfig.thinkingConfig": "thinking",
+    "generationConfig.responseModalities": "other modalities",
+}
+"""Gemini fields kvproxy cannot honour on these routes (refused by name; others unknown are
+ignored, as ``safetySettings``)."""
+
+
+def unsupported(body: _Body, prefix: str = "") -> str | None:
+    """The first field of ``UNSUPPORTED`` that ``body`` (or its ``generationConfig``) sets."""
+    for name, value in (body.model_extra or {}).items():
+        field = prefix + to_camel(name)
+        if value is not None and field in UNSUPPORTED:
+            return field
+    config = getattr(body, "generation_config", None)
+    return unsupported(config, "generationConfig.") if config is not None else None
+
+
+def refuse_unsupported(body: _Body) -> None:
+    """Raises OpenAIError: 400 naming a field of ``UNSUPPORTED`` the body sets."""
+    if (field := unsupported(body)) is not None:
+        raise OpenAIError(400, f"{UNSUPPORTED[field]} are not supported on this route", param=field)
 
 
 class GenerateContentRequest(_Body):

@@ -47,12 +47,14 @@ def parse_api_keys(value: str | None) -> dict[str, str] | None:
 
 def bearer(request: Request) -> str | None:
     """The API key: ``Authorization: Bearer <key>`` (OpenAI's clients), ``x-api-key: <key>``
-    (Anthropic's) or ``x-goog-api-key: <key>`` (Google's)."""
+    (Anthropic's), or ``x-goog-api-key: <key>`` or ``?key=<key>`` on the Gemini routes (Google's)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     found = request.headers.get("x-api-key", "") or request.headers.get("x-goog-api-key", "")
+    if not found.strip() and request.url.path.startswith("/v1beta/"):
+        found = request.query_params.get("key", "")
     return found.strip() or None
 
 

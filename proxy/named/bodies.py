@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from engine.worker import Engine
 from proxy.anthropic.protocol import Message, MessagesRequest
@@ -34,6 +35,17 @@ def _name(extra: dict[str, Any] | None) -> str | None:
     return name
 
 
+def refuse_cached_content(body: BaseModel) -> None:
+    """Raises OpenAIError: 400 when a body of a route that cannot start from a named cache
+    (completions, the Responses API, ``/tokenize``) names one, rather than ignore it."""
+    if (body.model_extra or {}).get(FIELD) is not None:
+        raise OpenAIError(
+            400,
+            "cached_content is taken by /v1/chat/completions, /v1/messages and Gemini's routes only",
+            param=FIELD,
+        )
+
+
 def _model(engine: Engine, model: str) -> str:
     """A body's model as named caches record it (an alias as the served name)."""
     return engine.loaded.name if model in engine.loaded.served_names else model
@@ -51,7 +63,8 @@ async def chat_body(
         return body
     given = [m.model_dump(exclude_none=True) for m in body.messages]
     named = service.get_named(request)
-    merged = await service.with_cache(named, tenant, name, _model(engine, body.model), given, FIELD)
+    model = _model(engine, body.model)
+    merged = await service.with_cache(named, tenant, name, model, given, FIELD, body.tools)
     cached = [ChatMessage.model_validate(m) for m in merged[: len(merged) - len(given)]]
     return body.model_copy(update={"messages": cached + body.messages})
 
@@ -65,9 +78,10 @@ async def messages_body(request: Request, engine: Engine, body: M, tenant: str) 
     """
     if (name := _name(body.model_extra)) is None:
         return body
-    given = [{"role": "system"}] if body.system is not None else []
+    given = [{"role": "system"}] if body.system else []
     named = service.get_named(request)
-    cached = await service.with_cache(named, tenant, name, _model(engine, body.model), given, FIELD)
+    model, tools = _model(engine, body.model), (body.model_extra or {}).get("tools")
+    cached = await service.with_cache(named, tenant, name, model, given, FIELD, tools)
     system = "\n\n".join(m["content"] for m in cached if m["role"] == "system") or None
     turns = [Message.model_validate(m) for m in cached if m["role"] != "system"]
     return body.model_copy(update={"system": system, "messages": turns + body.messages})

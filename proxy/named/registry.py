@@ -91,6 +91,9 @@ class NamedCaches(Protocol):
     def expired(self, now: float) -> list[NamedCache]:
         """The caches (of every tenant) whose expiry is at or before ``now``."""
 
+    def every(self) -> list[NamedCache]:
+        """Every cache, of every tenant."""
+
 
 class RedisNamedCaches:
     """``NamedCaches`` on Redis (see the module docstring)."""
@@ -127,8 +130,12 @@ class RedisNamedCaches:
         text = pipe.execute()[0]
         return None if text is None else NamedCache.loads(text)
 
-    def expired(self, now: float) -> list[NamedCache]:
-        members: list[bytes] = self.client.zrangebyscore(f"{self.base}expiry", "-inf", now, 0, 100)  # type: ignore[assignment]
+    def every(self) -> list[NamedCache]:
+        return self.expired(float("inf"), None)
+
+    def expired(self, now: float, most: int | None = 100) -> list[NamedCache]:
+        page = (0, most) if most is not None else (None, None)
+        members: list[bytes] = self.client.zrangebyscore(f"{self.base}expiry", "-inf", now, *page)  # type: ignore[assignment]
         texts: list[bytes | None] = (
             self.client.mget([f"{self.base}r:{m.decode()}" for m in members]) if members else []  # type: ignore[assignment]
         )
@@ -167,3 +174,6 @@ class MemoryNamedCaches:
     def expired(self, now: float) -> list[NamedCache]:
         with self._lock:
             return [c for c in self._records.values() if c.expires <= now]
+
+    def every(self) -> list[NamedCache]:
+        return self.expired(float("inf"))

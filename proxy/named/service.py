@@ -89,15 +89,17 @@ async def create(
     settings: Settings,
     tenant: str,
     messages: list[dict[str, Any]],
-    expires: float,
+    expiry: Callable[[float], float],
     display_name: str,
 ) -> NamedCache:
-    """Compute and store ``messages`` as a prompt's start, pin its full blocks until ``expires``
-    (Unix seconds) and keep the record.
+    """Compute and store ``messages`` as a prompt's start, pin its full blocks until their
+    expiry (``expiry(now)``, Unix seconds, asked once the content is stored: a TTL counts from
+    when the cache exists) and keep the record.
 
     Raises:
-        OpenAIError: 400 for content shorter than a block or longer than the context; 429 when
-            the pinned bytes would pass ``--max-pinned-bytes``; 503 when Redis is unreachable.
+        OpenAIError: 400 for content shorter than a block or longer than the context, or an
+            expiry passed by then; 429 when the pinned bytes would pass ``--max-pinned-bytes``;
+            503 when Redis is unreachable.
     """
     ids = await run_in_threadpool(rendered, engine, messages, False)
     if len(ids) < BLOCK_SIZE:
@@ -108,47 +110,49 @@ async def create(
             param="contents",
         )
     check_prompt_length(engine, len(ids), "contents")
-    namespace, ttl = engine.loaded.namespace(tenant), math.ceil(expires - time.time()) + 1
-    need = len(ids) // BLOCK_SIZE * engine.loaded.kv_spec.block_bytes
-    await _check_budget(cache, settings, need)
+    namespace = engine.loaded.namespace(tenant)
     # NOTE: pinned before they are stored, so the byte budget cannot evict them meanwhile
-    reserved = await run_in_threadpool(cache.pin, namespace, ids, ttl)
+    reserved = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expiry(time.time())))
     if reserved is None:
         raise OpenAIError.cache_unavailable(": the named cache was not made")
+    pinned = None
     try:
-        await store_prompt(engine, ids, tenant, ttl)
-        pinned = await run_in_threadpool(cache.pin, namespace, ids, ttl)  # NOTE: each now stored
-    finally:
-        await run_in_threadpool(cache.unpin, namespace, reserved.block_hashes)
-    if pinned is None or pinned.missing:
+        await _check_budget(cache, settings, reserved.missing * engine.loaded.kv_spec.block_bytes)
+        await store_prompt(engine, ids, tenant, _ttl(expiry(time.time())))
+        expires = expiry(time.time())
+        if expires <= time.time():
+            raise OpenAIError(400, "the expiry passed while the content was computed", param="expireTime")
+        pinned = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expires))  # NOTE: now stored
+        if pinned is None or pinned.missing:
+            raise OpenAIError(503, "the content's blocks could not be stored; try again", type="server_error")
+        await _check_budget(cache, settings, 0)  # NOTE: of two made at once, both may not fit
+        now = time.time()
+        record = NamedCache(
+            id=uuid.uuid4().hex[:16],
+            model=engine.loaded.name,
+            display_name=display_name,
+            messages=messages,
+            namespace=namespace.hex(),
+            block_hashes=[h.hex() for h in pinned.block_hashes],
+            tokens=len(ids),
+            block_bytes=pinned.held,
+            created=now,
+            updated=now,
+            expires=expires,
+        )
+        await on_state(named.put, tenant, record)
+    except BaseException:
         if pinned is not None:
             await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
-        raise OpenAIError(503, "the content's blocks could not be stored; try again", type="server_error")
-    try:  # NOTE: again, now that the bytes are known: of two made at once, both may not fit
-        await _check_budget(cache, settings, 0)
-    except OpenAIError:
-        await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
         raise
-    now = time.time()
-    record = NamedCache(
-        id=uuid.uuid4().hex[:16],
-        model=engine.loaded.name,
-        display_name=display_name,
-        messages=messages,
-        namespace=namespace.hex(),
-        block_hashes=[h.hex() for h in pinned.block_hashes],
-        tokens=len(ids),
-        block_bytes=pinned.held,
-        created=now,
-        updated=now,
-        expires=expires,
-    )
-    try:
-        await on_state(named.put, tenant, record)
-    except OpenAIError:
-        await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
-        raise
+    finally:
+        await run_in_threadpool(cache.unpin, namespace, reserved.block_hashes)
     return record
+
+
+def _ttl(expires: float) -> int:
+    """Seconds a pinned block's entry is kept to outlive ``expires`` (then the sweep unpins it)."""
+    return math.ceil(expires - time.time()) + 1
 
 
 async def _check_budget(cache: CacheAdmin, settings: Settings, need: int) -> None:
@@ -181,15 +185,24 @@ async def find(named: NamedCaches, tenant: str, name: str) -> NamedCache:
 
 
 async def with_cache(
-    named: NamedCaches, tenant: str, name: str, model: str, messages: list[dict[str, Any]], param: str
+    named: NamedCaches,
+    tenant: str,
+    name: str,
+    model: str,
+    messages: list[dict[str, Any]],
+    param: str,
+    tools: object = None,
 ) -> list[dict[str, Any]]:
     """The cache ``name``'s messages, then ``messages`` (a request's, naming it in ``param``).
 
     Raises:
         OpenAIError: 404 when ``tenant`` has no live cache ``name``; 400 when it was made for
-            another model, or ``messages`` bring a system message of their own (as Gemini
-            refuses a system instruction beside a cached content).
+            another model, or the request brings a system message or ``tools`` of its own (as
+            Gemini refuses a system instruction or tools beside a cached content: a chat
+            template renders both before the cache's content, which would then never be read).
     """
+    if tools:
+        raise OpenAIError(400, "a request naming a cached content cannot bring tools", param=param)
     record = await find(named, tenant, name)
     if record.model != model:
         raise OpenAIError(
@@ -215,7 +228,7 @@ async def set_expiry(
     """
     namespace, hashes = chain(record)
     ids = await run_in_threadpool(rendered, engine, record.messages, False)  # NOTE: the ids it pinned
-    pinned = await run_in_threadpool(cache.pin, namespace, ids, math.ceil(expires - time.time()) + 1)
+    pinned = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expires))
     if pinned is None:
         raise OpenAIError.cache_unavailable(": the expiry was not changed")
     await run_in_threadpool(cache.unpin, namespace, hashes)
@@ -239,6 +252,17 @@ async def release(cache: CacheAdmin, record: NamedCache) -> None:
     their TTL, the cache's expiry, runs out and the collector reclaims them)."""
     if not await run_in_threadpool(cache.unpin, *chain(record)):
         log.warning("named cache %s: its pins could not be released (Redis)", record.id)
+
+
+def forget_cleared(named: NamedCaches, namespace_hex: str | None) -> int:
+    """After ``kvproxy cache clear`` (of every namespace, or of one): delete the named caches
+    whose blocks it removed (their pins went with them); how many.
+
+    Raises:
+        redis.RedisError: Redis failed.
+    """
+    gone = [c for c in named.every() if namespace_hex in (None, c.namespace)]
+    return sum(named.delete(c.tenant_digest, c.id) is not None for c in gone)
 
 
 async def sweep_forever(cache: CacheAdmin, named: NamedCaches) -> None:

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
+from proxy.named.bodies import refuse_cached_content
 from proxy.openai.logprobs import completion_logprobs
 from proxy.openai.protocol import CompletionRequest
 from proxy.serving.prompts import completion_prompt_ids
@@ -29,6 +30,7 @@ async def completions(
     tenant: Tenant,
 ) -> Any:
     check_request(engine, body)
+    refuse_cached_content(body)
     top = body.logprobs or 0
     ids = await run_in_threadpool(
         completion_prompt_ids, engine, body.prompt

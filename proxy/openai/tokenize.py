@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from proxy.http.auth import get_tenant
 from proxy.http.errors import OpenAIError
+from proxy.named.bodies import refuse_cached_content
 from proxy.openai.protocol import ChatMessage, _Lenient
 from proxy.serving.prompts import check_token_ids, messages_prompt_ids
 from proxy.serving.validation import check_model
@@ -44,6 +45,7 @@ class DetokenizeRequest(_Lenient):
 @router.post("/tokenize", dependencies=[Depends(get_tenant)])
 async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
     """Token ids of a chat (rendered with the chat template) or of a prompt string."""
+    refuse_cached_content(body)
     if body.model is not None:
         check_model(engine, body.model)
     tokenizer = engine.loaded.tokenizer

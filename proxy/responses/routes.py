@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.requests import Finished
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
+from proxy.named.bodies import refuse_cached_content
 from proxy.openai.chat import ChatTurn, start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
@@ -134,6 +135,7 @@ async def create(
     tenant: Tenant,
     responses: ResponsesDep,
 ) -> Any:
+    refuse_cached_content(body)
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         code = "unsupported_parameter" if param in UNSUPPORTED else None

@@ -171,7 +171,10 @@ def test_admin_routes_need_the_admin_key(settings, tiny_model, serve):
         assert (
             httpx.post(f"{url}/v1/cache/clear", headers={"Authorization": "Bearer nope"}).status_code == 401
         )
-        assert httpx.post(f"{url}/v1/cache/clear", headers=auth).json() == {"removed_blocks": 2 + P_TAILS}
+        assert httpx.post(f"{url}/v1/cache/clear", headers=auth).json() == {
+            "removed_blocks": 2 + P_TAILS,
+            "removed_named_caches": 0,
+        }
         assert files(settings) == [] and api.complete(P).cached_tokens == 0
 
 
@@ -198,8 +201,9 @@ def test_cli_stats_gc_clear(cached, settings, key_prefix):
     assert f'"blocks": {2 + P_TAILS}' in cli("stats")  # 2 blocks and P's tails
     assert '"unindexed_blobs": 0' in cli("gc")
     namespace = cached.engine.loaded.namespace("default").hex()
-    assert cli("clear", "--namespace", "0" * 32) == '{"removed_blocks": 0}\n'
-    assert cli("clear", "--namespace", namespace) == f'{{"removed_blocks": {2 + P_TAILS}}}\n'
+    assert cli("clear", "--namespace", "0" * 32) == '{"removed_blocks": 0, "removed_named_caches": 0}\n'
+    cleared = cli("clear", "--namespace", namespace)
+    assert cleared == f'{{"removed_blocks": {2 + P_TAILS}, "removed_named_caches": 0}}\n'
     assert files(settings) == []
 
 

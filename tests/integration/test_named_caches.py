@@ -197,6 +197,31 @@ def test_a_named_cache_expires_at_its_time_and_can_be_kept_longer(server) -> Non
     assert ask(client, kept.name, "hi").usage_metadata.cached_content_token_count >= BLOCK_SIZE
 
 
+def test_a_ttl_counts_from_when_the_cache_exists(server) -> None:
+    """A TTL runs from the cache's creation, however long its content took to compute;
+    ``countTokens`` counts a prompt as ``generateContent`` renders it, a cache's content included."""
+    client = gemini(server)
+    cache = make(client)
+    assert (cache.expire_time - cache.create_time).total_seconds() == pytest.approx(600, abs=1)
+    assert [m.name for m in client.models.list()] == ["models/tiny"]
+    counted = client.models.count_tokens(model="tiny", contents="hi").total_tokens
+    assert counted == ask(client, None, "hi").usage_metadata.prompt_token_count
+    body = {"contents": [{"parts": [{"text": "hi"}]}], "cachedContent": cache.name}
+    key = {"x-goog-api-key": "alice-key"}
+    with_cache = httpx.post(f"{server.base_url}/v1beta/models/tiny:countTokens", json=body, headers=key)
+    assert with_cache.json()["totalTokens"] == ask(client, cache.name, "hi").usage_metadata.prompt_token_count
+
+
+def test_clearing_the_cache_deletes_the_named_caches_it_held(server) -> None:
+    """``POST /v1/cache/clear`` takes the named caches' blocks, so it deletes them too: none is
+    left listed with blocks that are gone."""
+    client = gemini(server)
+    make(client)
+    cleared = httpx.post(f"{server.base_url}/v1/cache/clear", headers={"Authorization": "Bearer admin"})
+    assert cleared.json()["removed_named_caches"] == 1
+    assert list(client.caches.list()) == [] and stats(server)["deployment"]["pinned_bytes"] == 0
+
+
 def test_bad_named_caches_are_refused_in_each_dialect(server) -> None:
     """Content under a block, no model, both ``ttl`` and ``expireTime``, a system instruction
     beside a cached content, another model: 400s in Google's shape (or the dialect's own)."""
@@ -229,6 +254,23 @@ def test_bad_named_caches_are_refused_in_each_dialect(server) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["status"] == "NOT_FOUND"
     anonymous = httpx.get(f"{server.base_url}/v1beta/cachedContents")
     assert anonymous.status_code == 401 and anonymous.json()["error"]["status"] == "UNAUTHENTICATED"
+    assert httpx.get(f"{server.base_url}/v1beta/cachedContents?key=alice-key").status_code == 200
+    chat = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="alice-key", max_retries=0)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    named = {"cached_content": cache.name}
+    with pytest.raises(openai.BadRequestError, match="tools"):  # NOTE: rendered before the cache's content
+        chat.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[tool], extra_body=named
+        )
+    with pytest.raises(openai.BadRequestError, match="cached_content"):  # NOTE: refused, not ignored
+        chat.completions.create(model="tiny", prompt="hi", max_tokens=1, extra_body=named)
+    with pytest.raises(genai_errors.ClientError, match="tools"):
+        ask(
+            client,
+            cache.name,
+            "hi",
+            tools=[types.Tool(function_declarations=[types.FunctionDeclaration(name="f")])],
+        )
 
 
 def test_the_pinned_budget_refuses_a_cache_that_does_not_fit(settings, tiny_model, serve) -> None:
