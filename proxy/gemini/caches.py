@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from engine.worker import Engine
+from hashing import BLOCK_SIZE
 from proxy.config import Settings
 from proxy.gemini.protocol import (
     CachedContentRequest,
@@ -44,7 +45,7 @@ def described(record: NamedCache) -> dict[str, Any]:
         "expireTime": timestamp(record.expires),
         "usageMetadata": {
             "totalTokenCount": record.tokens,
-            "cachedBlockTokens": len(record.block_hashes) * 128,
+            "cachedBlockTokens": len(record.block_hashes) * BLOCK_SIZE,
             "cachedBlockBytes": record.block_bytes,
         },
     }
