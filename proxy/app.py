@@ -24,7 +24,8 @@ from proxy.gemini import models as gemini_models
 from proxy.http.auth import parse_api_keys
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
-from proxy.named.service import open_named, sweep_forever
+from proxy.named.lifecycle import sweep_forever
+from proxy.named.service import open_named
 from proxy.observe import api as observe_api
 from proxy.observe import health
 from proxy.observe.metrics import Metrics, RequestMetrics

@@ -20,7 +20,7 @@ from rich.progress import Progress
 from proxy.config import Settings
 from proxy.flags import load_settings, option
 from store.errors import StoreUnavailable
-from store.index.redis.connect import REDIS_ERRORS, redact_url
+from store.index.redis.connect import redact_url
 
 TIMEOUT_S = 600.0
 
@@ -34,10 +34,7 @@ def server_options(func: Any) -> Any:
         help="API key (the tenant's; the admin key for export and import) [env KVPROXY_API_KEY]",
     )(func)
     return option(
-        "--base-url",
-        default="http://127.0.0.1:8000/v1",
-        show_default=True,
-        help="The server's OpenAI base URL.",
+        "--base-url", default="http://127.0.0.1:8000/v1", show_default=True, help="The server's API base URL."
     )(func)
 
 
@@ -193,13 +190,11 @@ def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_admin(**flags: Any) -> Any:
-    """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis does not
-    answer."""
+    """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis is down."""
     from proxy.stores import open_admin as open_store_admin
 
     settings = load_settings(**flags)
-    # NOTE: the store's own warnings are a server's log lines; a command says what failed itself
-    logging.getLogger("store").setLevel(logging.CRITICAL)
+    logging.getLogger("store").setLevel(logging.CRITICAL)  # NOTE: a command says what failed itself
     admin = open_store_admin(settings)
     if admin.health() != "ok":
         fail(f"Redis at {redact_url(settings.redis_url)} is unreachable; set --redis-url")
@@ -234,20 +229,18 @@ def cache_gc(grace: float, **flags: Any) -> None:
 @cache_options
 @option("--namespace", default=None, help="Only this namespace (32 hex digits).")
 def cache_clear(namespace: str | None, **flags: Any) -> None:
-    """Remove every cached block, or one namespace's."""
+    """Remove every cached block, or one namespace's, and the named caches they held."""
     if namespace is not None and not re.fullmatch(r"[0-9a-f]{32}", namespace):
         raise click.BadParameter("a namespace is 32 lowercase hex digits", param_hint="--namespace")
-    from proxy.named.service import forget_cleared, open_named
+    from proxy.named import lifecycle, service
 
     try:
         removed = open_admin(**flags).clear(namespace)
-        named = forget_cleared(open_named(load_settings(**flags)), namespace)
+        named = lifecycle.forget_cleared(service.open_named(load_settings(**flags)), namespace)
     except OSError as exc:
         fail(f"the blob store failed while clearing: {exc}")
     except StoreUnavailable:
         fail("Redis stopped answering while clearing; nothing more was done")
-    except REDIS_ERRORS:
-        fail("Redis stopped answering while clearing the named caches; the blocks are gone")
     click.echo(json.dumps({"removed_blocks": removed, "removed_named_caches": named}))
 
 

@@ -14,7 +14,8 @@ from starlette.concurrency import run_in_threadpool
 from proxy.cache_api.protocol import ClearRequest
 from proxy.http.auth import require_admin
 from proxy.http.errors import OpenAIError
-from proxy.named.service import forget_cleared, get_named, on_state
+from proxy.named.lifecycle import forget_cleared
+from proxy.named.service import get_named
 from proxy.state import CacheDep, CacheOnDep, EngineDep
 from store.errors import StoreUnavailable
 
@@ -49,7 +50,7 @@ async def cache_clear(
     namespace = body.namespace if body else None
     try:
         removed = await run_in_threadpool(cache.clear, namespace)
+        named = await run_in_threadpool(forget_cleared, get_named(request), namespace)
     except StoreUnavailable as exc:
         raise OpenAIError.cache_unavailable(f": {exc}") from exc
-    named = await on_state(forget_cleared, get_named(request), namespace)
     return {"removed_blocks": removed, "removed_named_caches": named}

@@ -21,7 +21,7 @@ from proxy.gemini.protocol import (
 )
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
-from proxy.named import service
+from proxy.named import lifecycle, service
 from proxy.named.registry import NamedCache, NamedCaches, tenant_digest
 from proxy.serving.validation import check_model
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
@@ -90,7 +90,7 @@ async def create(body: CachedContentRequest, c: CachingDep) -> dict[str, Any]:
     def expiry(now: float) -> float:
         return body.expiry(now, min(DEFAULT_TTL_S, longest), longest)
 
-    made = await service.create(
+    made = await lifecycle.create(
         engine, c.cache, c.named, settings, c.tenant, messages, expiry, body.display_name
     )
     return described(made)
@@ -127,12 +127,12 @@ async def update(cache_id: str, body: CachedContentRequest, c: CachingDep) -> di
         raise OpenAIError(400, "only ttl or expireTime can be updated", param="ttl")
     record = await service.find(c.named, c.tenant, cache_id)
     expires = body.expiry(time.time(), DEFAULT_TTL_S, c.settings.max_ttl)
-    return described(await service.set_expiry(c.engine, c.cache, c.named, c.tenant, record, expires))
+    return described(await lifecycle.set_expiry(c.engine, c.cache, c.named, c.tenant, record, expires))
 
 
 @router.delete("/v1beta/cachedContents/{cache_id}")
 async def delete(cache_id: str, cache: CacheOnDep, named: NamedDep, tenant: Tenant) -> dict[str, Any]:
     """Delete the cache and release its blocks to the byte budget."""
-    if not await service.delete(cache, named, tenant_digest(tenant), cache_id.removeprefix(service.PREFIX)):
+    if not await lifecycle.delete(cache, named, tenant_digest(tenant), cache_id.removeprefix(service.PREFIX)):
         raise OpenAIError(404, f"CachedContent not found: cachedContents/{cache_id}", param="name")
     return {}

@@ -102,7 +102,9 @@ def unsupported(body: _Body, prefix: str = "") -> str | None:
 def refuse_unsupported(body: _Body) -> None:
     """Raises OpenAIError: 400 naming a field of ``UNSUPPORTED`` the body sets."""
     if (field := unsupported(body)) is not None:
-        raise OpenAIError(400, f"{UNSUPPORTED[field]} are not supported on this route", param=field)
+        raise OpenAIError(
+            400, f"`{field}` ({UNSUPPORTED[field]}) is not supported on this route", param=field
+        )
 
 
 class GenerateContentRequest(_Body):
