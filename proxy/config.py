@@ -107,6 +107,14 @@ class Settings(ServerSettings):
         description="Where block blobs live: file:///path (as --blob-dir) or s3://bucket/prefix (endpoint "
         "and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; needs --max-cache-bytes).",
     )
+    blob_disk_cache: Path | None = Field(
+        None,
+        description="A local directory keeping copies of the blobs an s3:// --blob-url reads and writes, "
+        "so a hit (also after a restart) reads the disk, not the bucket.",
+    )
+    blob_disk_cache_bytes: Bytes = Field(
+        10 * 2**30, gt=0, description="Byte budget of --blob-disk-cache; the least recently read go first."
+    )
     ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
     max_ttl: int = Field(
         86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
@@ -141,6 +149,11 @@ class Settings(ServerSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="Activation and KV dtype; auto: float32, the exact mode.",
+    )
+    block_format: Literal["exact", "bfloat16", "int8"] = Field(
+        "exact",
+        description="How cached blocks are held at rest: exact (every bit, compressed losslessly), "
+        "bfloat16 or int8 (lossy: fewer bytes, answers may differ; see the README's Formats).",
     )
     weights: Literal["auto", "source", "full"] = Field(
         "auto",
@@ -185,6 +198,11 @@ class Settings(ServerSettings):
 
     @model_validator(mode="after")
     def _one_blob_location(self) -> Settings:
+        if self.blob_disk_cache is not None and not (self.blob_url or "").startswith("s3:"):
+            raise ValueError(
+                "--blob-disk-cache keeps local copies of blobs in S3: it needs --blob-url s3://bucket/prefix "
+                "(blobs in a directory are on disk already)"
+            )
         if self.blob_url is None:
             return self
         if self.blob_dir is not None:

@@ -16,6 +16,8 @@ from proxy.config import Settings
 from store import open as store_open
 from store.admin import StoreAdmin
 from store.blobs.base import BlobBackend
+from store.blobs.file import FileBlobStore
+from store.blobs.tiered import TieredBlobStore
 from store.cache import BlockCache
 from store.index.base import BlockIndex
 from store.index.redis.connect import redact_url
@@ -59,8 +61,13 @@ def open_index(settings: Settings) -> BlockIndex:
 
 def open_blobs(settings: Settings) -> BlobBackend:
     """The blob store ``--blob-url`` (or ``--blob-dir``) names, reads timing out after
-    ``--cache-read-timeout`` seconds; nothing is contacted yet."""
-    return store_open.open_blobs(settings.blob_location, read_timeout_s=settings.cache_read_timeout)
+    ``--cache-read-timeout`` seconds, behind the disk tier ``--blob-disk-cache`` names if any (whose
+    directory is scanned once now); nothing remote is contacted yet."""
+    blobs = store_open.open_blobs(settings.blob_location, read_timeout_s=settings.cache_read_timeout)
+    if settings.blob_disk_cache is None:
+        return blobs
+    local = FileBlobStore(settings.blob_disk_cache)
+    return TieredBlobStore(blobs, local, budget_bytes=settings.blob_disk_cache_bytes)
 
 
 def open_admin(settings: Settings) -> StoreAdmin:

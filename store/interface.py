@@ -41,13 +41,16 @@ class KVSpec:
         num_layers: attention layers (every one full attention).
         num_kv_heads: key/value heads per layer (after grouped-query sharing).
         head_dim: channels per head.
-        dtype: torch dtype name of the stored tensors, e.g. ``"float32"``.
+        dtype: torch dtype name of the model's K/V, e.g. ``"float32"`` (what a block decodes to).
+        block_format: how blocks are held at rest (``store.codec.BLOCK_FORMATS``): ``"exact"``, or
+            a lossy format that is part of the namespace.
     """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: str
+    block_format: str = "exact"
 
     @property
     def block_shape(self) -> tuple[int, int, int, int]:
@@ -62,7 +65,7 @@ class KVSpec:
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of K plus V for one block."""
+        """Bytes of K plus V for one block, in ``dtype`` (as the engine and the RAM tier hold it)."""
         layers, heads, tokens, dim = self.block_shape
         return 2 * layers * heads * tokens * dim * self.torch_dtype.itemsize
 

@@ -16,53 +16,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
-from time import monotonic
-from typing import Any
+from time import monotonic, perf_counter
+from typing import cast
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, reusable_tokens
 from store.index.base import TailListing
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import CacheOptions, StoreParts
+from store.readers import ReaderPool, cancel
 from store.serde import BlockVerificationError, decode_block
 from store.tails import TailFinder, candidate_tails
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
-
-
-class ReaderPool:
-    """Daemon threads running blob reads; ``submit`` returns a future at once.
-
-    NOTE: not ``concurrent.futures.ThreadPoolExecutor``: its threads are joined at interpreter
-    exit, so one read stuck in the kernel would keep the process from ever exiting.
-    """
-
-    def __init__(self, threads: int) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
-        for i in range(threads):
-            threading.Thread(target=self._loop, name=f"kvproxy-reader-{i}", daemon=True).start()
-
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._jobs.put((future, fn))
-        return future
-
-    def _loop(self) -> None:
-        while True:
-            future, fn = self._jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # handed to the waiting caller
-                future.set_exception(exc)
 
 
 class PrefixLookup:
@@ -78,7 +48,7 @@ class PrefixLookup:
     """
 
     def __init__(
-        self, parts: StoreParts, writer: BlockWriter, spec: KVSpec, options: CacheOptions, readers: int = 4
+        self, parts: StoreParts, writer: BlockWriter, spec: KVSpec, options: CacheOptions, readers: int = 8
     ) -> None:
         self.parts, self.writer, self.spec = parts, writer, spec
         self.ttl_s, self.read_timeout_s, self.pin_memory = (
@@ -170,29 +140,37 @@ class PrefixLookup:
 
         blocks: list[KVBlock] = []
         from_ram = 0
+        ids = [block_tokens(token_ids, i) for i in range(len(entries))]
+        in_ram = [self.parts.ram.get(namespace, hashes[i]) for i in range(len(entries))]
+        # NOTE: every blob the prefix needs is asked for at once, read in parallel, and verified
+        # in chain order as each arrives. The blob is named by our own hash, never by the index
+        # entry, and verified against our own tokens: a wrong reply can only cause a miss.
+        reads = {
+            i: self._readers.submit(partial(self.parts.blobs.read, namespace, hashes[i]))
+            for i, block in enumerate(in_ram)
+            if block is None or block.token_ids != ids[i]
+        }
         for i in range(len(entries)):
-            ids = block_tokens(token_ids, i)
-            block = self.parts.ram.get(namespace, hashes[i])
-            if block is not None and block.token_ids == ids:
-                blocks.append(block)
+            read = reads.get(i)
+            if read is None:
+                blocks.append(cast(KVBlock, in_ram[i]))
                 from_ram += 1
                 continue
-            # NOTE: the blob is named by our own hash, never by the index entry, and verified
-            # against our own tokens: a wrong reply can only cause a miss.
-            read = self._readers.submit(partial(self.parts.blobs.read, namespace, hashes[i]))
             try:
                 data = read.result(timeout=max(0.0, deadline - monotonic()))
+                started = perf_counter()
                 block = decode_block(
                     data,
                     index=i,
                     block_hash=hashes[i],
                     parent=hashes[i - 1] if i else None,
                     namespace=namespace,
-                    token_ids=ids,
+                    token_ids=ids[i],
                     spec=self.spec,
                 )
+                self.parts.recorder.add_coded("decode", block, len(data), started)
             except FutureTimeout:
-                read.cancel()
+                cancel(reads.values())
                 self.parts.recorder.add(read_timeouts=1)
                 self.parts.guard.warn(
                     "read", "a blob read took over %.1f s: served as a miss", self.read_timeout_s
@@ -201,6 +179,7 @@ class PrefixLookup:
             except (OSError, BlockVerificationError) as exc:
                 # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
                 # never loaded, since their K/V depends on this one.
+                cancel(reads.values())
                 log.warning("cache block %d (%s) dropped: %s", i, hashes[i].hex(), exc)
                 self.parts.recorder.add(verification_failures=1)
                 self.discard(namespace, [hashes[i]])
@@ -216,10 +195,10 @@ class PrefixLookup:
         # (never past an imported block waiting for its audit).
         end = len(blocks) if reason == MissReason.UNAUDITED else len(hashes)
         for i in range(len(blocks), end):
-            block = self.writer.pending.get(namespace, hashes[i])
-            if block is None or block.token_ids != block_tokens(token_ids, i):
+            pending = self.writer.pending.get(namespace, hashes[i])
+            if pending is None or pending.token_ids != block_tokens(token_ids, i):
                 break
-            blocks.append(block)
+            blocks.append(pending)
             from_ram += 1
         done = self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
         return done, tails if len(blocks) == listed else []

@@ -1,29 +1,35 @@
 """One block <-> one safetensors file, with verification on the way back.
 
-File layout (docs/design.md, "Storage"): tensors ``key`` and ``value``
-``[num_layers, num_kv_heads, 128, head_dim]`` in the KV dtype, ``token_ids`` ``[128]`` int64, and
-string metadata ``format``, ``namespace``, ``block_hash``, ``parent_hash`` (empty for block 0),
-``block_index``, ``dtype`` and ``checksum`` (xxh3-128 of the three tensors' bytes, so a flipped
-bit in the K/V is caught as surely as a wrong header). Only safetensors, never pickle: a file is
-parsed as data, so a crafted blob can at worst fail verification.
+File layout (docs/design.md, "Storage"), blob version 2: the arrays of the namespace's block
+format (``store.codec``: ``key`` and ``value``, and an int8 block's scales and zero points), each a
+``uint8`` tensor holding its bytes packed by ``store.codec.CODEC``; ``token_ids`` ``[128]`` int64;
+and string metadata ``format``, ``blob_version``, ``block_format``, ``codec``, ``namespace``,
+``block_hash``, ``parent_hash`` (empty for block 0), ``block_index``, ``dtype`` (the model's K/V
+dtype) and ``checksum``: xxh3-128 of the arrays' unpacked bytes and the token ids, checked after
+decompression, so a flipped bit in the K/V is caught as surely as a wrong header. Only
+safetensors, never pickle: a file is parsed as data, so a crafted blob can at worst fail
+verification.
 
-A tail (``hashing.tails``) is stored the same way with its L < 128 tokens: tensors
-``[num_layers, num_kv_heads, L, head_dim]`` and ``token_ids`` ``[L]``, ``block_hash`` its tail
-hash, ``parent_hash`` its tip (empty for the root), ``block_index`` the number of blocks before
-it, and ``tail_tokens`` L (which a block's header lacks).
+Blob version 1 (no ``blob_version``, written before block formats) holds ``key`` and ``value``
+``[num_layers, num_kv_heads, 128, head_dim]`` unpacked in the K/V dtype, checksummed the same way;
+it is read as an exact block, so a store written then is still served.
+
+A tail (``hashing.tails``) is stored the same way with its L < 128 tokens: arrays of L positions,
+``token_ids`` ``[L]``, ``block_hash`` its tail hash, ``parent_hash`` its tip (empty for the root),
+``block_index`` the number of blocks before it, and ``tail_tokens`` L (which a block's header lacks).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import torch
 import xxhash
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from hashing import BLOCK_SIZE, FORMAT_VERSION, BlockHash, Namespace, tail_hash
+from store import codec
+from store.blob_view import HEADER_BYTES, array, parse
 from store.interface import KVBlock, KVSpec
 
 
@@ -31,8 +37,8 @@ class BlockVerificationError(Exception):
     """A stored blob does not hold the block the request needs; the message says why."""
 
 
-HEADER_BYTES = 64 * 1024
-"""More than a block blob's safetensors header and token ids ever take."""
+BLOB_VERSION = 2
+"""The layout ``encode_block`` writes (the module docstring: version 1 is still read)."""
 
 
 def max_blob_bytes(spec: KVSpec) -> int:
@@ -41,16 +47,21 @@ def max_blob_bytes(spec: KVSpec) -> int:
 
 
 def encode_block(block: KVBlock, namespace: Namespace, parent: BlockHash | None, spec: KVSpec) -> bytes:
-    """Serialize ``block`` (or a tail; ``parent`` is then its tip) to safetensors bytes (about
-    ``spec.block_bytes`` bytes for a block)."""
+    """Serialize ``block`` (or a tail; ``parent`` is then its tip) to a version-2 blob in
+    ``spec.block_format`` (at most ``max_blob_bytes(spec)`` bytes)."""
+    arrays = codec.encode(block.key.to(spec.torch_dtype), block.value.to(spec.torch_dtype), spec.block_format)
+    token_ids = torch.tensor(block.token_ids, dtype=torch.int64)
     tensors = {
-        "key": block.key.to(spec.torch_dtype).contiguous(),
-        "value": block.value.to(spec.torch_dtype).contiguous(),
-        "token_ids": torch.tensor(block.token_ids, dtype=torch.int64),
+        name: torch.frombuffer(bytearray(codec.compress(a)), dtype=torch.uint8) for name, a in arrays.items()
     }
     tail = len(block.token_ids) if block.is_tail else 0
-    metadata = _metadata(block.index, block.block_hash, namespace, parent, spec, tail)
-    return st_save(tensors, metadata=metadata | {"checksum": _checksum(tensors)})
+    metadata = _metadata(block.index, block.block_hash, namespace, parent, spec, tail) | {
+        "blob_version": str(BLOB_VERSION),
+        "block_format": spec.block_format,
+        "codec": codec.CODEC,
+        "checksum": _checksum([*arrays.values(), token_ids]),
+    }
+    return st_save(tensors | {"token_ids": token_ids}, metadata=metadata)
 
 
 def decode_block(
@@ -109,16 +120,15 @@ def decode_tail(
 
 
 def _verified(data: bytes, expected: dict[str, str], tokens: int, spec: KVSpec) -> dict[str, torch.Tensor]:
-    """The tensors of a blob whose header holds ``expected`` and whose K/V hold ``tokens``
-    positions of ``spec``'s shape and dtype, checksum checked.
+    """``key``, ``value`` (in ``spec``'s dtype) and ``token_ids`` of a blob whose header holds
+    ``expected`` and whose arrays hold ``tokens`` positions of ``spec``'s shape, checksum checked.
 
     Raises:
         BlockVerificationError: unreadable data or any mismatch.
     """
     try:
-        # NOTE: safetensors parses the data itself; malformed or pickled data raises here.
-        tensors = st_load(data)
-        metadata = _read_metadata(data)
+        # NOTE: the header is parsed as data; malformed or pickled data raises here.
+        metadata, entries, body = parse(data)
     except Exception as exc:  # any parse failure is a verification failure
         raise BlockVerificationError(f"unreadable blob: {exc}") from exc
     for name, value in expected.items():
@@ -126,24 +136,28 @@ def _verified(data: bytes, expected: dict[str, str], tokens: int, spec: KVSpec) 
             raise BlockVerificationError(f"metadata {name}={metadata.get(name)!r}, expected {value!r}")
     if "tail_tokens" not in expected and "tail_tokens" in metadata:
         raise BlockVerificationError("a tail, expected a block")
-    if set(tensors) != {"key", "value", "token_ids"}:
-        raise BlockVerificationError(f"tensors {sorted(tensors)}, expected key, value, token_ids")
-    layers, heads, _, dim = spec.block_shape
-    shape = (layers, heads, tokens, dim)
-    for name in ("key", "value"):
-        t = tensors[name]
-        if t.dtype != spec.torch_dtype or tuple(t.shape) != shape:
-            raise BlockVerificationError(
-                f"{name} is {t.dtype} {tuple(t.shape)}, expected {spec.dtype} {shape}"
-            )
-    ids = tensors["token_ids"]
-    if ids.dtype != torch.int64 or tuple(ids.shape) != (tokens,):
+    version = metadata.get("blob_version", "1")
+    block_format = metadata.get("block_format", "exact") if version == "2" else "exact"
+    if version not in ("1", "2") or block_format != spec.block_format:
         raise BlockVerificationError(
-            f"token_ids is {ids.dtype} {tuple(ids.shape)}, expected int64 ({tokens},)"
+            f"a version-{version} blob of the {block_format} format, expected the {spec.block_format} one"
         )
-    if metadata.get("checksum") != _checksum(tensors):
+    if version == "2" and metadata.get("codec") != codec.CODEC:
+        raise BlockVerificationError(f"codec {metadata.get('codec')!r}, expected {codec.CODEC!r}")
+    layers, heads, _, dim = spec.block_shape
+    wanted = codec.shapes(block_format, layers, heads, tokens, dim, spec.torch_dtype)
+    if set(entries) != {*wanted, "token_ids"}:
+        names = sorted({*wanted, "token_ids"})
+        raise BlockVerificationError(f"tensors {sorted(entries)}, expected {names}")
+    try:
+        arrays = {name: array(entries[name], body, *wanted[name], packed=version == "2") for name in wanted}
+        token_ids = array(entries["token_ids"], body, (tokens,), torch.int64, packed=False)
+    except ValueError as exc:
+        raise BlockVerificationError(str(exc)) from exc
+    if metadata.get("checksum") != _checksum([*arrays.values(), token_ids]):
         raise BlockVerificationError("tensor bytes do not match their checksum (corrupt file)")
-    return tensors
+    kv = codec.decode(arrays, block_format, spec.torch_dtype)
+    return {"key": kv[0], "value": kv[1], "token_ids": token_ids}
 
 
 def _metadata(
@@ -172,7 +186,9 @@ def read_token_ids(data: bytes) -> list[int]:
         BlockVerificationError: unreadable data.
     """
     try:
-        return st_load(data)["token_ids"].tolist()
+        _, entries, body = parse(data)
+        start, end = entries["token_ids"]["data_offsets"]
+        return torch.frombuffer(bytearray(body[start:end]), dtype=torch.int64).tolist()
     except Exception as exc:
         raise BlockVerificationError(f"unreadable blob: {exc}") from exc
 
@@ -185,22 +201,14 @@ def read_header(data: bytes) -> dict[str, str]:
         BlockVerificationError: unreadable data.
     """
     try:
-        return _read_metadata(data)
+        return parse(data)[0]
     except Exception as exc:
         raise BlockVerificationError(f"unreadable blob: {exc}") from exc
 
 
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """Hex xxh3-128 over the bytes of ``key``, ``value`` and ``token_ids``, in that order."""
+def _checksum(arrays: Sequence[torch.Tensor]) -> str:
+    """Hex xxh3-128 over the bytes of ``arrays``, in order (a block's, then its token ids)."""
     digest = xxhash.xxh3_128()
-    for name in ("key", "value", "token_ids"):
-        digest.update(tensors[name].contiguous().view(torch.uint8).numpy().data)
+    for stored in arrays:
+        digest.update(codec.as_numpy(stored).data)
     return digest.hexdigest()
-
-
-def _read_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors header (8-byte little-endian length, then JSON)."""
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + header_len])
-    metadata = header.get("__metadata__") or {}
-    return {str(k): str(v) for k, v in metadata.items()}

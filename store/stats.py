@@ -8,9 +8,14 @@ Deployment-wide totals, summed over every process sharing the index, live in Red
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Literal
 
 from store.outcomes import EvictionReason
+
+if TYPE_CHECKING:
+    from store.interface import KVBlock
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,10 @@ class CacheStats:
             this process, by cause (see ``EvictionReason``).
         imports_confirmed, imports_rejected: imported blocks whose audit (``--audit-imports``)
             found them equal to the engine's own computation (then served), or not (removed).
+        encoded_bytes, encoded_blob_bytes, encode_us: K/V bytes encoded into blobs (in the model's
+            dtype), the blobs' bytes, and the microseconds that took (``store.codec``: the block
+            format's arrays, packed); ``decoded_bytes``, ``decoded_blob_bytes``, ``decode_us``
+            the same for blobs read, verified and unpacked.
         ram_tier_bytes: K/V bytes held in the RAM tier now (a gauge).
     """
 
@@ -61,6 +70,12 @@ class CacheStats:
     evicted_audit: int = 0
     imports_confirmed: int = 0
     imports_rejected: int = 0
+    encoded_bytes: int = 0
+    encoded_blob_bytes: int = 0
+    encode_us: int = 0
+    decoded_bytes: int = 0
+    decoded_blob_bytes: int = 0
+    decode_us: int = 0
     ram_tier_bytes: int = 0
 
     @property
@@ -101,6 +116,15 @@ class StatsRecorder:
                 if name not in self._counts:
                     raise KeyError(name)
                 self._counts[name] += delta
+
+    def add_coded(
+        self, kind: Literal["encode", "decode"], block: KVBlock, blob_bytes: int, started: float
+    ) -> None:
+        """Count ``block`` encoded into or decoded from a blob of ``blob_bytes`` bytes, from
+        ``started`` (``time.perf_counter()``) until now."""
+        us = int((time.perf_counter() - started) * 1e6)
+        kv = block.key.nbytes + block.value.nbytes
+        self.add(**{f"{kind}d_bytes": kv, f"{kind}d_blob_bytes": blob_bytes, f"{kind}_us": us})
 
     def snapshot(self, **gauges: int) -> CacheStats:
         """The counters now, with ``gauges`` (e.g. ``ram_tier_bytes``) set as given."""

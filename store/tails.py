@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
-from time import monotonic
+from time import monotonic, perf_counter
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, tail_hash
@@ -125,8 +125,10 @@ class TailFinder:
             return block
         future = self.read(partial(self.parts.blobs.read, namespace, listing.tail_hash))
         try:
+            data = future.result(timeout=max(0.0, deadline - monotonic()))
+            started = perf_counter()
             block = decode_tail(
-                future.result(timeout=max(0.0, deadline - monotonic())),
+                data,
                 index=index,
                 tail=listing.tail_hash,
                 tip=tip,
@@ -144,6 +146,7 @@ class TailFinder:
             self.parts.recorder.add(verification_failures=1)
             self.discard(namespace, [listing.tail_hash])
             return None
+        self.parts.recorder.add_coded("decode", block, len(data), started)
         self.parts.ram.put(namespace, block)
         return block
 

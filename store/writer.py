@@ -19,11 +19,12 @@ import torch
 
 from hashing import BlockHash, Namespace
 from store.background import yield_to_requests
+from store.codec import served
 from store.entries import new_entry
 from store.errors import StoreUnavailable
 from store.gc import evict_to_budget
 from store.index.base import Publication
-from store.interface import KVSpec
+from store.interface import KVBlock, KVSpec
 from store.parts import CacheOptions, StoreParts
 from store.ram import PendingBlocks
 from store.serde import encode_block
@@ -197,7 +198,7 @@ class BlockWriter:
         for i, (item, needed) in enumerate(zip(batch, missing, strict=True)):
             block = item.block
             if needed:
-                data = item.data or encode_block(block, namespace, item.parent, self.spec)
+                data = item.data or self._encode(block, namespace, item.parent)
                 try:
                     # NOTE: a blob already there (its entry expired, the file not yet collected) is
                     # kept, create-only: the entry then names its bytes, not ours
@@ -209,26 +210,23 @@ class BlockWriter:
                 name = parts.blobs.name(namespace, block.block_hash)
                 tail = len(block.token_ids) if block.is_tail else 0
                 entry = new_entry(name, len(data), item.parent, imported, tail)
-                publications.append(
-                    Publication(
-                        block.block_hash,
-                        item.parent,
-                        block.index,
-                        entry,
-                        item.ttl_s,
-                        created,
-                        item.short_hash,
-                    )
-                )
+                at = (entry, item.ttl_s, created, item.short_hash)
+                publications.append(Publication(block.block_hash, item.parent, block.index, *at))
             stored[i] = needed
         total = self._index(namespace, publications) if publications else None
         for item, done, keep in zip(batch, stored, kept, strict=True):
             if done is not None and keep:
-                parts.ram.put(namespace, item.block)
+                parts.ram.put(namespace, item.block if item.data else served(item.block, self.spec))
         # NOTE: after the RAM tier took the batch, so a block evicted now leaves it too
         if total is not None and self.max_bytes is not None and total > self.max_bytes:
             self.evict_to_budget()
         return Published(stored, failure)
+
+    def _encode(self, block: KVBlock, namespace: Namespace, parent: BlockHash | None) -> bytes:
+        started = time.perf_counter()
+        data = encode_block(block, namespace, parent, self.spec)
+        self.parts.recorder.add_coded("encode", block, len(data), started)
+        return data
 
     def _index(self, namespace: Namespace, publications: list[Publication]) -> int:
         """Publish the entries of blobs just written and count them; returns the bytes the

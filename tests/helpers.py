@@ -355,3 +355,30 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(10)
             self.process = None
+
+
+def stored_tensors(data: bytes, spec: KVSpec = SPEC) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """An exact block's (or tail's) blob of ``spec`` read without verification: its metadata, and
+    ``key``, ``value`` and ``token_ids`` unpacked."""
+    from store.blob_view import array, parse
+
+    metadata, entries, body = parse(data)
+    tokens = entries["token_ids"]["shape"][0]
+    layers, heads, _, dim = spec.block_shape
+    shape, packed = (layers, heads, tokens, dim), metadata.get("blob_version") == "2"
+    tensors = {"token_ids": array(entries["token_ids"], body, (tokens,), torch.int64, packed=False)}
+    for name in ("key", "value"):
+        tensors[name] = array(entries[name], body, shape, spec.torch_dtype, packed=packed)
+    return metadata, tensors
+
+
+def as_version_1(data: bytes, spec: KVSpec = SPEC) -> bytes:
+    """An exact block's (or tail's) blob of ``spec`` as kvproxy wrote it before block formats
+    (blob version 1: ``key`` and ``value`` unpacked, no ``blob_version``, ``block_format`` or
+    ``codec``): the same block, the same checksum."""
+    from safetensors.torch import save
+
+    metadata, tensors = stored_tensors(data, spec)
+    assert metadata.pop("blob_version") == "2" and metadata.pop("block_format") == "exact", metadata
+    del metadata["codec"]
+    return save(tensors, metadata=metadata)

@@ -7,6 +7,7 @@ probe the K/V it produces.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -84,13 +85,29 @@ class LoadedModel:
 
     @property
     def format(self) -> str:
-        """E.g. ``"float32 activations and K/V, source weights, on cpu"``."""
-        return f"{self.kv_spec.dtype} activations and K/V, {self.weights} weights, on {self.device.type}"
+        """E.g. ``"float32 activations and K/V, source weights, on cpu"`` (then, for a lossy block
+        format, ``", int8 blocks at rest"``)."""
+        fmt = self.kv_spec.block_format
+        at_rest = f", {fmt} blocks at rest" if fmt != "exact" else ""
+        return (
+            f"{self.kv_spec.dtype} activations and K/V, {self.weights} weights, on {self.device.type}"
+            + at_rest
+        )
 
     @property
     def attention(self) -> str:
         """What the layers attend to, e.g. ``"30 layers, full attention"`` (``engine.model.layers``)."""
         return describe(layer_windows(self.model.config))
+
+    def with_block_format(self, block_format: str) -> LoadedModel:
+        """This model with its blocks held at rest in ``block_format`` (``store.codec``), part of
+        its K/V's identity; a lossy format that is the model's own K/V dtype is exact."""
+        block_format = "exact" if block_format == self.kv_spec.dtype else block_format
+        return dataclasses.replace(
+            self,
+            kv_spec=dataclasses.replace(self.kv_spec, block_format=block_format),
+            base_identity=dataclasses.replace(self.base_identity, block_format=block_format),
+        )
 
     def identity(self, tenant: str) -> NamespaceIdentity:
         """The cache identity of ``tenant``'s K/V computed by this model, formats and device."""

@@ -49,7 +49,8 @@ class AuditReport:
             self._results.append((time.time(), result))
 
     def summary(self, namespace_hex: str | None) -> dict[str, Any]:
-        """This process's audits of one namespace (a tenant) or all: counts, the largest logit
+        """This process's audits of one namespace (a tenant) or all, of the block format served:
+        counts (``divergences``: hits whose greedy answer parted from the cold one), the largest logit
         difference, and the last 20 results, newest first (``pending`` and ``dropped``: every
         namespace's sampled hits waiting, and never audited because too many were waiting)."""
         with self._lock:
@@ -60,8 +61,10 @@ class AuditReport:
             ]
         return {
             "rate": self.engine.audit_rate,
+            "block_format": self.engine.loaded.kv_spec.block_format,
             "checks": len(mine),
             "mismatches": sum(r.mismatch for _, r in mine),
+            "divergences": sum(r.diverged for _, r in mine),
             "pending": self.engine.audits_pending,
             "dropped": self.engine.audits_dropped,
             "max_logit_difference": max((r.max_logit_difference for _, r in mine), default=None),
@@ -74,6 +77,7 @@ class AuditReport:
                     "tolerance": r.tolerance,
                     "tokens_compared": r.tokens_compared,
                     "mismatch": r.mismatch,
+                    "diverged": r.diverged,
                 }
                 for at, r in reversed(mine[-20:])
             ],

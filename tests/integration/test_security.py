@@ -18,7 +18,6 @@ import httpx
 import pytest
 import xxhash
 from click.testing import CliRunner
-from safetensors.torch import load as load_tensors
 
 from hashing import BLOCK_SIZE, block_hashes
 from proxy.flags import parse_settings, route_options
@@ -27,7 +26,7 @@ from store.interface import KVBlock
 from store.serde import encode_block
 from store.snapshot.format import MANIFEST, add_member
 from tests.api import Api
-from tests.helpers import build_tiny_model, free_port, random_tokens
+from tests.helpers import build_tiny_model, free_port, random_tokens, stored_tensors
 
 ADMIN = "the-admin-key"
 PROMPT_A, PROMPT_B = random_tokens(3 * BLOCK_SIZE + 1, seed=301), random_tokens(3 * BLOCK_SIZE + 1, seed=302)
@@ -122,8 +121,8 @@ def forged(archive: bytes, victim: bytes, spec) -> bytes:
     namespace = bytes.fromhex(manifest["namespace"])
     files = {}
     for entry in manifest["blocks"]:
-        tensors = load_tensors(mine[f"blocks/{entry['hash']}.safetensors"])
-        donor = load_tensors(donors[entry["index"]])
+        _, tensors = stored_tensors(mine[f"blocks/{entry['hash']}.safetensors"], spec)
+        _, donor = stored_tensors(donors[entry["index"]], spec)
         block = KVBlock(
             entry["index"],
             bytes.fromhex(entry["hash"]),

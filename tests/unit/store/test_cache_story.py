@@ -57,6 +57,13 @@ def stored(cache: BlockCache, blocks: int = 3) -> tuple[torch.Tensor, torch.Tens
     return key, value
 
 
+def blocks_bytes(path, clock, count: int) -> int:
+    """The bytes the blobs of ``stored``'s first ``count`` blocks take (compressed, they differ)."""
+    probe = cache_on(MemoryIndex(clock), FileBlobStore(path))
+    stored(probe)
+    return sum(probe.parts.blobs.size(NS, h) or 0 for h in HASHES[:count])
+
+
 def test_a_saved_chain_comes_back_verified_bit_for_bit(cache) -> None:
     """Save 3 blocks; a lookup of the same tokens serves exactly blocks 0, 1, 2 and their K/V."""
     key, value = stored(cache)
@@ -118,9 +125,7 @@ def test_the_ram_tier_serves_hot_blocks_without_their_blobs(clock, tmp_path) -> 
 
 def test_the_budget_evicts_the_tail_of_a_chain_first(clock, tmp_path) -> None:
     """A budget of blocks 0 and 1's bytes and three blocks saved: block 2 goes, 0 and 1 stay."""
-    probe = cache_on(MemoryIndex(clock), FileBlobStore(tmp_path / "probe"))
-    stored(probe, 2)
-    two_blocks = probe.admin.usage()[1]
+    two_blocks = blocks_bytes(tmp_path / "probe", clock, 2)
     index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path / "blobs")
     cache = cache_on(index, blobs, max_bytes=two_blocks)
     stored(cache)
@@ -132,9 +137,7 @@ def test_the_budget_evicts_the_tail_of_a_chain_first(clock, tmp_path) -> None:
 def test_a_block_evicted_by_the_budget_leaves_the_ram_tier_too(clock, tmp_path) -> None:
     """The RAM tier holds what the index holds: the block the budget evicted from the batch just
     saved is not kept in process memory."""
-    probe = cache_on(MemoryIndex(clock), FileBlobStore(tmp_path / "probe"))
-    stored(probe, 2)
-    two_blocks = probe.admin.usage()[1]
+    two_blocks = blocks_bytes(tmp_path / "probe", clock, 2)
     cache = cache_on(
         MemoryIndex(clock), FileBlobStore(tmp_path / "blobs"), max_bytes=two_blocks, ram_bytes=1 << 30
     )
