@@ -8,7 +8,7 @@ written into ``docs/benchmarks.md``.
 Starts its own servers on free ports, one at a time, on the default model: per format a server
 that computes the prompt and hits it from its RAM tier, one on the same store with no RAM tier
 (every hit reads and decodes 16 blobs), the same on an S3 bucket, and one that serves the sweep.
-The codec's speed is the servers' own count (``/stats``: bytes encoded and decoded, and the
+The codec's speed is the servers' own count (``/v1/cache/stats``: bytes encoded and decoded, and the
 microseconds it took).
 """
 
@@ -31,6 +31,7 @@ from bench.cache_targets import timed_first_token
 from bench.promise import SweepResult, sweep, sweep_prompts
 from bench.report import splice
 from bench.servers import running, serve
+from bench.workloads import corpus, text
 from tests.topologies import LocalS3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,11 +39,13 @@ PORT, COLD_PORT = 8650, 8651
 FORMATS_MEASURED = ("exact", "bfloat16", "int8")
 MODEL = "smollm2-135m-instruct"
 HITS = 7
+ADMIN_KEY = "kvproxy-bench-admin"
 
 
 def cache_stats(url: str) -> dict[str, int]:
-    """The server process's cache counters (``/stats`` ``process.cache``)."""
-    return httpx.get(f"{url}/stats", timeout=30).json()["process"]["cache"]
+    """The server process's cache counters (``/v1/cache/stats`` ``process.cache``)."""
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    return httpx.get(f"{url}/v1/cache/stats", headers=headers, timeout=30).json()["process"]["cache"]
 
 
 def hit_ttft(url: str, prompt: list[int]) -> tuple[float, int]:
@@ -52,22 +55,36 @@ def hit_ttft(url: str, prompt: list[int]) -> tuple[float, int]:
 
 
 def stored(url: str, prompt: list[int]) -> None:
-    """Compute ``prompt`` once and wait until its blocks are saved."""
+    """Compute ``prompt`` once and wait until its blocks are written (not only pending)."""
     timed_first_token(url, prompt)
-    for _ in range(120):
-        time.sleep(0.5)
-        if timed_first_token(url, prompt)[1].get("cached_tokens", 0) >= len(prompt) - 1:
+    for _ in range(240):
+        if cache_stats(url)["blocks_saved"] >= len(prompt) // 128:
             return
+        time.sleep(0.5)
     raise RuntimeError("the prompt's blocks were never saved")
 
 
-def measure(work: Path, fmt: str, prompt: list[int], s3_url: str, *flags: str) -> dict[str, Any]:
+def prose_prompt(url: str, tokens: int = 2048) -> list[int]:
+    """``tokens`` token ids of prose (K/V of real text, not of random ids, which compresses
+    differently), tokenized by the server."""
+    body = {
+        "model": MODEL,
+        "prompt": text(random.Random(0), tokens + 200, corpus()),
+        "add_special_tokens": False,
+    }
+    ids = httpx.post(f"{url}/tokenize", json=body, timeout=60).json()["tokens"]
+    assert len(ids) >= tokens, len(ids)
+    return ids[:tokens]
+
+
+def measure(work: Path, fmt: str, s3_url: str, *flags: str) -> dict[str, Any]:
     """One block format: sizes and codec speed, and the hit TTFT from each tier."""
     prefix = f"kvpfmt-{uuid.uuid4().hex[:8]}:"
-    common = ("--block-format", fmt, "--no-tails", "--no-render-ahead", *flags)
+    common = ("--block-format", fmt, "--no-tails", "--no-render-ahead", "--admin-key", ADMIN_KEY, *flags)
     url = f"http://127.0.0.1:{PORT}"
     out: dict[str, Any] = {}
     with running(serve(PORT, work / fmt, prefix, *common)):
+        prompt = prose_prompt(url)
         stored(url, prompt)
         out["ram"], _ = hit_ttft(url, prompt)
         written = cache_stats(url)
@@ -118,7 +135,7 @@ def section(results: dict[str, dict[str, Any]], sweeps: dict[str, SweepResult]) 
         "A 2,048-token prompt on the default model (float32 K/V: 45 KiB per token in memory), 16",
         "blocks, medians of 7 full hits (2,047 tokens cached). Bytes per token are the blobs' (and",
         "how many times smaller than the K/V); the codec's GB/s count K/V bytes, as the servers",
-        "measured them (`/stats`: one writer thread encoding, a lookup decoding). RAM tier: blocks",
+        "measured them (`/v1/cache/stats`: one writer thread encoding, a lookup decoding). RAM tier: blocks",
         "in process memory; file: a new process with `--ram-cache-bytes 0` reads and decodes every",
         "blob; S3: the same from moto's local server, then with `--blob-disk-cache` after its",
         "first hit. The sweep: 50 prompts on a shared 384-token prefix, 64 greedy tokens, against",
@@ -141,7 +158,6 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS_MEASURED))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvproxy-formats-"))
-    prompt = [random.Random(0).randrange(100, 40000) for _ in range(2048)]
     s3 = LocalS3().start()
     try:
         os.environ |= {
@@ -152,7 +168,7 @@ def main() -> None:
         }
         boto3.client("s3").create_bucket(Bucket="kvpformats")
         formats = args.formats.split(",")
-        results = {fmt: measure(work, fmt, prompt, "s3://kvpformats") for fmt in formats}
+        results = {fmt: measure(work, fmt, "s3://kvpformats") for fmt in formats}
     finally:
         s3.stop()
     prompts = sweep_prompts()

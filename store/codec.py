@@ -33,7 +33,7 @@ BLOCK_FORMATS = ("exact", "bfloat16", "int8")
 """Block formats, the exact one first (the default)."""
 CODEC = "blosc2-zstd1-shuffle"
 """The lossless codec of every stored array (a blob's ``codec`` metadata)."""
-READ_THREADS = min(4, os.cpu_count() or 1)
+READ_THREADS = int(os.environ.get("EXP_RT", min(4, os.cpu_count() or 1)))
 """Blosc2 threads decompressing one array (the lookup's thread waits on it)."""
 
 

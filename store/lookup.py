@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
@@ -58,6 +59,7 @@ class PrefixLookup:
         )
         self.tails = options.tails
         self._readers = ReaderPool(readers)
+        self._decoding = threading.Lock()
         self._tails = TailFinder(parts, writer, spec, self._readers.submit, self.discard, self.ttl_s)
 
     def lookup(
@@ -142,11 +144,11 @@ class PrefixLookup:
         from_ram = 0
         ids = [block_tokens(token_ids, i) for i in range(len(entries))]
         in_ram = [self.parts.ram.get(namespace, hashes[i]) for i in range(len(entries))]
-        # NOTE: every blob the prefix needs is asked for at once, read in parallel, and verified
-        # in chain order as each arrives. The blob is named by our own hash, never by the index
-        # entry, and verified against our own tokens: a wrong reply can only cause a miss.
+        # NOTE: every blob the prefix needs is asked for at once, read and verified on the reader
+        # threads, and served in chain order. The blob is named by our own hash, never by the
+        # index entry, and verified against our own tokens: a wrong reply can only cause a miss.
         reads = {
-            i: self._readers.submit(partial(self.parts.blobs.read, namespace, hashes[i]))
+            i: self._readers.submit(partial(self._read, namespace, hashes, i, ids[i]))
             for i, block in enumerate(in_ram)
             if block is None or block.token_ids != ids[i]
         }
@@ -157,18 +159,7 @@ class PrefixLookup:
                 from_ram += 1
                 continue
             try:
-                data = read.result(timeout=max(0.0, deadline - monotonic()))
-                started = perf_counter()
-                block = decode_block(
-                    data,
-                    index=i,
-                    block_hash=hashes[i],
-                    parent=hashes[i - 1] if i else None,
-                    namespace=namespace,
-                    token_ids=ids[i],
-                    spec=self.spec,
-                )
-                self.parts.recorder.add_coded("decode", block, len(data), started)
+                block = read.result(timeout=max(0.0, deadline - monotonic()))
             except FutureTimeout:
                 cancel(reads.values())
                 self.parts.recorder.add(read_timeouts=1)
@@ -202,6 +193,31 @@ class PrefixLookup:
             from_ram += 1
         done = self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
         return done, tails if len(blocks) == listed else []
+
+    def _read(self, namespace: Namespace, hashes: list[BlockHash], i: int, ids: tuple[int, ...]) -> KVBlock:
+        """Block ``i`` of the chain ``hashes``, its blob read and verified against ``ids``.
+
+        Raises:
+            OSError: the blob cannot be read.
+            BlockVerificationError: it is not the block.
+        """
+        data = self.parts.blobs.read(namespace, hashes[i])
+        parent = hashes[i - 1] if i else None
+        # NOTE: one decode at a time (the codec's own threads share the cores) while reads go on
+        with self._decoding:
+            started = perf_counter()
+            block = decode_block(
+                data,
+                index=i,
+                block_hash=hashes[i],
+                parent=parent,
+                namespace=namespace,
+                token_ids=ids,
+                spec=self.spec,
+            )
+            seconds = perf_counter() - started
+        self.parts.recorder.add_coded("decode", block, len(data), seconds)
+        return block
 
     def _done(self, blocks: list[KVBlock], from_ram: int, reason: MissReason | None) -> PrefixMatch:
         self.parts.recorder.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)

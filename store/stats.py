@@ -8,7 +8,6 @@ Deployment-wide totals, summed over every process sharing the index, live in Red
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
@@ -118,13 +117,13 @@ class StatsRecorder:
                 self._counts[name] += delta
 
     def add_coded(
-        self, kind: Literal["encode", "decode"], block: KVBlock, blob_bytes: int, started: float
+        self, kind: Literal["encode", "decode"], block: KVBlock, blob_bytes: int, seconds: float
     ) -> None:
-        """Count ``block`` encoded into or decoded from a blob of ``blob_bytes`` bytes, from
-        ``started`` (``time.perf_counter()``) until now."""
-        us = int((time.perf_counter() - started) * 1e6)
+        """Count ``block`` encoded into or decoded from a blob of ``blob_bytes`` bytes in ``seconds``."""
         kv = block.key.nbytes + block.value.nbytes
-        self.add(**{f"{kind}d_bytes": kv, f"{kind}d_blob_bytes": blob_bytes, f"{kind}_us": us})
+        self.add(
+            **{f"{kind}d_bytes": kv, f"{kind}d_blob_bytes": blob_bytes, f"{kind}_us": int(seconds * 1e6)}
+        )
 
     def snapshot(self, **gauges: int) -> CacheStats:
         """The counters now, with ``gauges`` (e.g. ``ram_tier_bytes``) set as given."""

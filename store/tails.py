@@ -146,7 +146,7 @@ class TailFinder:
             self.parts.recorder.add(verification_failures=1)
             self.discard(namespace, [listing.tail_hash])
             return None
-        self.parts.recorder.add_coded("decode", block, len(data), started)
+        self.parts.recorder.add_coded("decode", block, len(data), perf_counter() - started)
         self.parts.ram.put(namespace, block)
         return block
 

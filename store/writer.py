@@ -225,7 +225,7 @@ class BlockWriter:
     def _encode(self, block: KVBlock, namespace: Namespace, parent: BlockHash | None) -> bytes:
         started = time.perf_counter()
         data = encode_block(block, namespace, parent, self.spec)
-        self.parts.recorder.add_coded("encode", block, len(data), started)
+        self.parts.recorder.add_coded("encode", block, len(data), time.perf_counter() - started)
         return data
 
     def _index(self, namespace: Namespace, publications: list[Publication]) -> int:
