@@ -60,8 +60,13 @@ def decode(
 ) -> tuple[torch.Tensor, ...]:
     """``(key, value)`` in ``dtype`` from the arrays ``encode`` gave for ``block_format``."""
     if block_format == "int8":
+        # NOTE: in place, one pass after the conversion (``zero + scale * q``, float32 math)
         return tuple(
-            (arrays[f"{name}_zero"] + arrays[f"{name}_scale"] * arrays[name].to(torch.float32)).to(dtype)
+            arrays[name]
+            .to(torch.float32)
+            .mul_(arrays[f"{name}_scale"])
+            .add_(arrays[f"{name}_zero"])
+            .to(dtype)
             for name in ("key", "value")
         )
     return tuple(arrays[name].to(dtype) for name in ("key", "value"))
