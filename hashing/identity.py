@@ -3,10 +3,9 @@
 Its digest is the root of every block chain (docs/design.md, "Block identity"):
 ``N = xxh3_128(canonical JSON of {block_size, device, format_version, kv_dtype,
 model_fingerprint, tenant, weights}, and block_format unless exact)``, canonical meaning sorted
-keys, no spaces, UTF-8. The
-engine makes the value once per model (``engine.model.loading.LoadedModel.identity``); the
-cache, a snapshot's manifest and its import all take it from there, so the fields are written
-here only.
+keys, no spaces, UTF-8. The engine makes the value once per model
+(``engine.model.loading.LoadedModel.identity``); the cache, a snapshot's manifest and its import
+all take it from there, so the fields are written here only.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Every format stores named arrays (``encode``), each compressed losslessly with Blosc2 (the zstd
 codec at level 1 after its byte shuffle, which groups the i-th byte of every value so a float's
-sign and exponent bytes compress together: 1.19x on float32 K/V of the default model,
-decompressing at about 3.6 GB/s on two cores; lz4 gave 1.06x, plain zstd without the shuffle
-1.09x, docs/benchmarks.md). What the arrays hold is the block format, part of the namespace
+sign and exponent bytes compress together: 1.19x on float32 K/V of the default model, unpacking
+at 2-3.6 GB/s on two cores alone (about 1 GB/s inside a busy server, docs/benchmarks.md); lz4
+gave 1.06x, zstd without the shuffle 1.09x). What the arrays hold is the block format, part of the namespace
 (``hashing.NamespaceIdentity.block_format``), so a lossy block is never served to an exact one:
 
 - ``exact``: the K/V's own bytes; every bit comes back.
@@ -33,7 +33,7 @@ BLOCK_FORMATS = ("exact", "bfloat16", "int8")
 """Block formats, the exact one first (the default)."""
 CODEC = "blosc2-zstd1-shuffle"
 """The lossless codec of every stored array (a blob's ``codec`` metadata)."""
-READ_THREADS = int(os.environ.get("EXP_RT", min(4, os.cpu_count() or 1)))
+READ_THREADS = min(4, os.cpu_count() or 1)
 """Blosc2 threads decompressing one array (the lookup's thread waits on it)."""
 
 
@@ -114,15 +114,9 @@ def shapes(
 def compress(array: torch.Tensor) -> bytes:
     """``array``'s bytes packed by ``CODEC`` (one thread: the writer's, in the background)."""
     data = array.contiguous().view(torch.uint8).numpy()
-    packed = blosc2.compress2(
-        data,
-        codec=blosc2.Codec.ZSTD,
-        clevel=1,
-        filters=[blosc2.Filter.SHUFFLE],
-        typesize=array.element_size(),
-        nthreads=1,
-    )
-    return bytes(packed)
+    shuffled = {"filters": [blosc2.Filter.SHUFFLE], "typesize": array.element_size()}
+    packed: bytes = blosc2.compress2(data, codec=blosc2.Codec.ZSTD, clevel=1, nthreads=1, **shuffled)
+    return packed
 
 
 def decompress(packed: memoryview, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -1,15 +1,17 @@
 """The lookup: a prompt's longest cached prefix, matched, read and verified within a bounded time.
 
 One Redis round trip lists the leading blocks the index holds (refreshing their TTL and LRU
-position); each is then taken from the RAM tier or read from the blob store and verified, in
-chain order, and blocks this process is still saving extend the prefix. The prefix ends at the
+position); each is then taken from the RAM tier or read from the blob store and verified (every
+blob asked for at once), served in chain order, and blocks this process is still saving extend
+the prefix. The prefix ends at the
 first block that cannot be served, for a typed reason (``MissReason``). Then the longest tail
 (``hashing.tails``) that continues the prompt after those blocks, listed by the same round trip
 or still being saved, extends it to the token; a tail is verified like a block.
 
-Blob reads run on a few daemon threads of their own: a read that hangs in the kernel (a stuck
-network mount) holds one of them, never the caller, which gives up after ``read_timeout_s`` and
-serves the blocks verified so far.
+Blob reads and their verification run on daemon threads of their own (``store.readers``; one
+decode at a time, the codec's own threads sharing the cores): a read that hangs in the kernel (a
+stuck network mount) holds one of them, never the caller, which gives up after ``read_timeout_s``
+and serves the blocks verified so far.
 """
 
 from __future__ import annotations
