@@ -234,9 +234,11 @@ class Auditor:
         at = (capture.namespace, len(capture.prompt_ids), capture.cached_tokens, tuple(hashes))
         result = AuditResult(*at, difference, bound, compared, mismatch, diverged)
         if mismatch and self.cache is not None:
+            why = "a greedy choice diverged" if diverged else "first-token logits beyond the tolerance"
             log.warning(
-                "cache audit mismatch (max logit difference %.3g > %.3g): removing the prefix's %d blocks "
-                "(and tail) %s",
+                "cache audit mismatch (%s; max logit difference %.3g, tolerance %.3g): removing the prefix's "
+                "%d blocks (and tail) %s",
+                why,
                 difference,
                 bound,
                 len(hashes),
