@@ -15,7 +15,6 @@ microseconds it took).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import tempfile
@@ -24,13 +23,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 
 from bench.cache_targets import timed_first_token
 from bench.promise import SweepResult, sweep, sweep_prompts
 from bench.report import splice
-from bench.servers import running, serve
+from bench.servers import running, serve, use_s3
 from bench.workloads import corpus, text
 from tests.topologies import LocalS3
 
@@ -166,13 +164,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kvproxy-formats-"))
     s3 = LocalS3().start()
     try:
-        os.environ |= {
-            "AWS_ENDPOINT_URL": s3.url,
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        boto3.client("s3").create_bucket(Bucket="kvpformats")
+        use_s3(s3.url, "kvpformats")
         formats = args.formats.split(",")
         results = {fmt: measure(work, fmt, "s3://kvpformats") for fmt in formats}
     finally:

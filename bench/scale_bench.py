@@ -11,7 +11,6 @@ server), plus ``kvproxy serve`` on the default model for each topology.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import tempfile
@@ -20,12 +19,11 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import boto3
 import redis
 
 from bench.cache_targets import timed_first_token
 from bench.report import SCALE, splice
-from bench.servers import running, serve
+from bench.servers import running, serve, use_s3
 from tests.topologies import LocalCluster, LocalS3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +83,7 @@ def main() -> None:
                 work, "lc", prompt, cluster.ports, "--redis-url", cluster.url
             ),
         }
-        os.environ |= {
-            "AWS_ENDPOINT_URL": s3.url,
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        boto3.client("s3").create_bucket(Bucket="kvpscale")
+        use_s3(s3.url, "kvpscale")
         off = ("--ram-cache-bytes", "0")
         hits = {
             "one Redis, file blobs": measure(work, "f", prompt, one, *off, "--redis-url", args.redis_url),

@@ -45,6 +45,20 @@ def route(port: int, upstreams: list[str], *flags: str) -> subprocess.Popen[byte
     return _awaited(proc, f"http://127.0.0.1:{port}/health")
 
 
+def use_s3(endpoint: str, bucket: str) -> None:
+    """Point this process and the servers it starts at the S3 endpoint ``endpoint`` (moto's local
+    server: any credentials pass), and make ``bucket`` there."""
+    import boto3
+
+    os.environ |= {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    boto3.client("s3").create_bucket(Bucket=bucket)
+
+
 def serve_llama_cpp(port: int, python: str, gguf: Path, threads: int = 2) -> subprocess.Popen[bytes]:
     """llama-cpp-python's server (``python -m llama_cpp.server``) on the GGUF file, with its RAM
     prompt cache on, once it answers.
