@@ -8,6 +8,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +278,18 @@ def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tenso
     prefix = load_prefix(engine.cache, engine.loaded.namespace("default"), prompt, buffers)
     logits = prefill(engine.loaded.model, prompt[prefix.cached_tokens :], prefix.past, prefix.cached_tokens)
     return logits, prefix.cached_tokens, prefix.past.get_seq_length()
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float = 60.0, what: str = "the condition") -> Any:
+    """Poll ``condition`` until it returns something truthy (returned) or ``timeout_s`` passes
+    (then fail naming ``what``). NOTE: tests wait for what they need, never for a fixed time: a
+    loaded machine only makes them wait longer; the timeout is a bound on a hang, not a speed."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.05)
+    return result
 
 
 def free_port() -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import xxhash
 
+SOURCE = "decode.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
@@ -50,12 +51,17 @@ def load(cache_dir: Path) -> ctypes.CDLL:
     """The decode library for this machine, built on first use.
 
     Raises:
-        KernelUnavailable: no compiler, or the build or the load failed.
+        KernelUnavailable: no compiler, an unreadable source, or the build or the load failed.
     """
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler on the PATH (install g++, or set CXX)")
-    source = resources.files("engine.kernels").joinpath("decode.cpp").read_bytes()
+    try:
+        source = resources.files("engine.kernels").joinpath(SOURCE).read_bytes()
+    except OSError as exc:
+        # NOTE: the source ships as package data (pyproject.toml); an install without it (a
+        # damaged or hand-trimmed site-packages) decodes with torch rather than not starting
+        raise KernelUnavailable(f"cannot read its source {SOURCE} ({exc}): reinstall kvproxy") from exc
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
@@ -86,14 +92,17 @@ def _build(cxx: str, source: bytes, path: Path) -> None:
     Raises:
         KernelUnavailable: the compiler failed.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        src, out = Path(tmp) / "decode.cpp", Path(tmp) / "decode.so"
-        src.write_bytes(source)
-        done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KernelUnavailable(
-                f"{cxx} could not build the decode step (exit status {done.returncode}): "
-                f"{done.stderr.strip()[-2000:] or 'it printed nothing'}"
-            )
-        out.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            src, out = Path(tmp) / SOURCE, Path(tmp) / "decode.so"
+            src.write_bytes(source)
+            done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise KernelUnavailable(
+                    f"{cxx} could not build the decode step (exit status {done.returncode}): "
+                    f"{done.stderr.strip()[-2000:] or 'it printed nothing'}"
+                )
+            out.replace(path)
+    except OSError as exc:  # NOTE: a read-only or full cache directory, a compiler that vanished
+        raise KernelUnavailable(f"cannot build it in {path.parent} ({exc})") from exc
