@@ -173,7 +173,14 @@ def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decod
         scale = 1e-4 if like.dtype == torch.float32 else 1e-2
         if difference <= scale:
             team = f", {threads} threads" if name == "native" else ""
-            log.info("decode step: %s%s (max relative logit difference %.1e)", decoder.name, team, difference)
+            passed = "".join(f"; {reason}" for reason in skipped)
+            log.info(
+                "decode step: %s%s (max relative logit difference %.1e%s)",
+                decoder.name,
+                team,
+                difference,
+                passed,
+            )
             return decoder
         skipped.append(f"{name}: its logits differ from transformers' by {difference:.2e} (relative)")
     log.info("decode step: transformers' forward (%s)", "; ".join(skipped))

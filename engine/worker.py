@@ -7,6 +7,7 @@ computes the starts of next turns (``engine.render_ahead``), then audits sampled
 (``engine.audit``). Its whole loop::
 
     while (step := scheduler.next_step(loader.load, background)) is not None:
+        fit_threads(step)
         if step.idle:
             ahead.step() if ahead.pending else auditor.step()
         else:
@@ -25,15 +26,17 @@ import torch
 from engine.audit import Auditor, AuditResult
 from engine.buffers import BufferPool
 from engine.constraint import Constraint
+from engine.cores import Cores
 from engine.decoding import Decoder, pick_decoder
 from engine.forward import use_batched_attention
+from engine.kernels.native import NativeDecoder
 from engine.model.loading import LoadedModel
 from engine.prefix_stage import PrefixLoader
 from engine.render_ahead import RenderAhead
 from engine.requests import Event, GenerationRequest, RequestHandle
 from engine.runner import EngineStats, Runner
 from engine.sampling import Sampler
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, Step
 from engine.sequence import Sequence
 from engine.text import TextStream
 from hashing import Namespace
@@ -51,7 +54,9 @@ class Engine:
         max_queue: requests waiting beyond the admitted ones; more raise ``EngineBusy``.
         max_batch: most requests admitted at once (loading, prefilling or decoding together).
         audit_rate: fraction of cache hits recomputed cold in idle time (``engine.audit``).
-        decode_threads: threads of the native decode step (None: torch's thread count).
+        decode_threads: threads of the native decode step (None: torch's, the cores); they share
+            each step's work as they run, so a busy core does not hold the step up
+            (``engine/kernels/team.h``).
     """
 
     def __init__(
@@ -64,7 +69,8 @@ class Engine:
         decode_threads: int | None = None,
     ) -> None:
         self.loaded, self.cache, self.audit_rate = loaded, cache, audit_rate
-        self.decode_threads = decode_threads or torch.get_num_threads()
+        self.cores = Cores(torch.get_num_threads())
+        self.decode_threads = decode_threads or self.cores.total
         use_batched_attention(loaded.model)
         spec = loaded.kv_spec
         like = torch.empty(
@@ -108,6 +114,7 @@ class Engine:
             return ahead.pending > 0 or auditor.pending > 0
 
         while (step := self.scheduler.next_step(self.loader.load, background)) is not None:
+            self._fit_threads(step)
             if step.idle and ahead.pending:
                 ahead.step()
             elif step.idle:
@@ -115,6 +122,15 @@ class Engine:
             else:
                 self.runner.run(step)
                 self.scheduler.step_done(step)
+
+    def _fit_threads(self, step: Step) -> None:
+        """torch's threads for ``step``: the cores other work leaves free (``engine.cores``); one
+        for a step of native decoding alone, whose few torch operations (sampling) are small and
+        whose team is the native step's own (an idle OpenMP team spins on the cores meanwhile)."""
+        decoding_only = step.prefill is None and not step.idle and isinstance(self.decoder, NativeDecoder)
+        threads = 1 if decoding_only else self.cores.now()
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def submit(self, request: GenerationRequest, emit: Callable[[Event], object]) -> RequestHandle:
         """Queue a request; its events go to ``emit`` (called on engine threads, must not block).

@@ -4,9 +4,6 @@ The library is compiled for this CPU (``-march=native``) into ``{cache_dir}/kern
 a digest of the source, the flags, the compiler and the CPU's feature flags, so a cache directory
 moved to another machine builds again instead of loading code its CPU cannot run. It takes about
 two seconds with g++; without a compiler the engine keeps its torch decode step and says why.
-
-NOTE: OpenMP comes from the ``libgomp.so.1`` torch already loaded (same soname), so the step and
-torch's own operations share one thread team instead of two competing for the cores.
 """
 
 from __future__ import annotations
@@ -22,8 +19,9 @@ from pathlib import Path
 
 import xxhash
 
-SOURCE = "decode.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = ("decode.cpp", "team.h")
+"""The kernel's files (package data): the step, and the team that shares its work (included)."""
+FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c++20"]
 
 
 class KernelUnavailable(Exception):
@@ -56,26 +54,30 @@ def load(cache_dir: Path) -> ctypes.CDLL:
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler on the PATH (install g++, or set CXX)")
-    try:
-        source = resources.files("engine.kernels").joinpath(SOURCE).read_bytes()
-    except OSError as exc:
-        # NOTE: the source ships as package data (pyproject.toml); an install without it (a
-        # damaged or hand-trimmed site-packages) decodes with torch rather than not starting
-        raise KernelUnavailable(f"cannot read its source {SOURCE} ({exc}): reinstall kvproxy") from exc
+    sources = {}
+    for name in SOURCES:
+        try:
+            sources[name] = resources.files("engine.kernels").joinpath(name).read_bytes()
+        except OSError as exc:
+            # NOTE: the sources ship as package data (pyproject.toml); an install without them (a
+            # damaged or hand-trimmed site-packages) decodes with torch rather than not starting
+            raise KernelUnavailable(f"cannot read its source {name} ({exc}): reinstall kvproxy") from exc
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"{cxx} does not run: {exc}") from exc
-    digest = xxhash.xxh3_64_hexdigest(source + " ".join([*FLAGS, version, _cpu_flags()]).encode())
+    digest = xxhash.xxh3_64_hexdigest(
+        b"".join(sources.values()) + " ".join([*FLAGS, version, _cpu_flags()]).encode()
+    )
     path = Path(cache_dir) / "kernels" / f"decode-{digest}.so"
     if not path.exists():
-        _build(cxx, source, path)
+        _build(cxx, sources, path)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError:
         # NOTE: the build writes atomically, so a library that does not load was damaged from
         # outside (a full disk, a copied cache directory): built again, once
-        _build(cxx, source, path)
+        _build(cxx, sources, path)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as exc:
@@ -85,9 +87,9 @@ def load(cache_dir: Path) -> ctypes.CDLL:
     return lib
 
 
-def _build(cxx: str, source: bytes, path: Path) -> None:
-    """Compile ``source`` into ``path``, replacing it atomically (another process never loads a
-    partial library).
+def _build(cxx: str, sources: dict[str, bytes], path: Path) -> None:
+    """Compile ``sources`` (file name -> text; the first is compiled) into ``path``, replacing it
+    atomically (another process never loads a partial library).
 
     Raises:
         KernelUnavailable: the compiler failed.
@@ -95,8 +97,9 @@ def _build(cxx: str, source: bytes, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            src, out = Path(tmp) / SOURCE, Path(tmp) / "decode.so"
-            src.write_bytes(source)
+            for name, text in sources.items():
+                (Path(tmp) / name).write_bytes(text)
+            src, out = Path(tmp) / SOURCES[0], Path(tmp) / "decode.so"
             done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
             if done.returncode != 0:
                 raise KernelUnavailable(

@@ -9,14 +9,16 @@
 // ggml's (ggml-common.h: block_q4_0, block_q4_1, block_q8_0; a Q4 block's byte j holds weight j
 // in its low nibble and weight j + 16 in its high nibble).
 //
-// Built once per machine by engine/kernels/build.py (g++ -O3 -march=native -fopenmp); called
-// through ctypes. One OpenMP parallel region per step; rows of each matrix split over threads.
+// Built once per machine by engine/kernels/build.py (g++ -O3 -march=native); called through
+// ctypes. A step's work is shared in units (rows of a matrix, positions of an attention pass) among
+// the calling thread and the helpers of team.h that are running.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <omp.h>
+
+#include "team.h"
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -147,8 +149,9 @@ inline float exp_shifted(float* v, int n, float top) {
     return total;
 }
 
-// y[s][r] = W[r] . x[s] (+ bias) for rows [r0, r1) and the NB vectors x[0..NB) (stride ldx),
-// written to y (stride ldy). xsum[s][b]: the sum of x[s]'s block b (Q4_1's minimum term).
+// y[s][r - r0] = W[r] . x[s] (+ bias) for rows [r0, r1) and the NB vectors x[0..NB) (stride ldx),
+// written to y (stride ldy; y points at row r0). xsum[s][b]: the sum of x[s]'s block b (Q4_1's
+// minimum term). Each row's sum runs in one fixed order, whatever rows or vectors come with it.
 template <int NB>
 void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const float* xsum, float* y, int ldy) {
     const int nb = W.cols / QK;
@@ -235,57 +238,8 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
             }
 #endif
         }
-        for (int s = 0; s < NB; s++) y[s * ldy + r] = out[s] + (W.bias ? W.bias[r] : 0.0f);
+        for (int s = 0; s < NB; s++) y[s * ldy + r - r0] = out[s] + (W.bias ? W.bias[r] : 0.0f);
     }
-}
-
-// This thread's share of the rows of the matrices W[0..n), all of the same input width, applied to
-// the B vectors x (inside a parallel region): matrix i's outputs go to y[i] (row stride ldy[i]).
-// One split of all their rows over the threads, one barrier: q, k and v (or gate and up) are one
-// pass, as one fused matrix would be.
-void matmuls(const Linear* const* W, int n, int B, const float* x, int ldx, float* xsum, float* const* y,
-             const int* ldy) {
-    const int nb = W[0]->cols / QK;
-    bool minimum = false;
-    int total = 0;
-    for (int i = 0; i < n; i++) {
-        minimum |= W[i]->kind == Q4_1;
-        total += W[i]->rows;
-    }
-    if (minimum) {
-#pragma omp for schedule(static)
-        for (int i = 0; i < B * nb; i++) {
-            const float* xs = x + (i / nb) * ldx + (i % nb) * QK;
-            float t = 0;
-            for (int j = 0; j < QK; j++) t += xs[j];
-            xsum[i] = t;
-        }
-    }
-    const int threads = omp_get_num_threads(), me = omp_get_thread_num();
-    const int per = (total + threads - 1) / threads;
-    const int lo = me * per, hi = std::min(lo + per, total);
-    for (int i = 0, base = 0; i < n; base += W[i]->rows, i++) {
-        const int r0 = std::max(lo - base, 0), r1 = std::min(hi - base, W[i]->rows);
-        for (int s = 0; s < B && r0 < r1; s += 4) {
-            const float* xs = x + s * ldx;
-            const float* ss = xsum + s * nb;
-            float* ys = y[i] + s * ldy[i];
-            switch (std::min(B - s, 4)) {
-                case 1: rows_kernel<1>(*W[i], r0, r1, xs, ldx, ss, ys, ldy[i]); break;
-                case 2: rows_kernel<2>(*W[i], r0, r1, xs, ldx, ss, ys, ldy[i]); break;
-                case 3: rows_kernel<3>(*W[i], r0, r1, xs, ldx, ss, ys, ldy[i]); break;
-                default: rows_kernel<4>(*W[i], r0, r1, xs, ldx, ss, ys, ldy[i]); break;
-            }
-        }
-    }
-#pragma omp barrier
-}
-
-void matmul(const Linear& W, int B, const float* x, int ldx, float* xsum, float* y, int ldy) {
-    const Linear* ws[1] = {&W};
-    float* ys[1] = {y};
-    const int lds[1] = {ldy};
-    matmuls(ws, 1, B, x, ldx, xsum, ys, lds);
 }
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
@@ -318,6 +272,328 @@ inline void silu_mul(float* g, const float* u, int n) {
     for (; i < n; i++) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+
+// rows_kernel over the B vectors, four at a time.
+void rows(const Linear& W, int r0, int r1, int B, const float* x, int ldx, const float* xsum, float* y, int ldy) {
+    const int nb = W.cols / QK;
+    for (int s = 0; s < B; s += 4) {
+        const float* xs = x + s * ldx;
+        const float* ss = xsum + s * nb;
+        float* ys = y + s * ldy;
+        switch (std::min(B - s, 4)) {
+            case 1: rows_kernel<1>(W, r0, r1, xs, ldx, ss, ys, ldy); break;
+            case 2: rows_kernel<2>(W, r0, r1, xs, ldx, ss, ys, ldy); break;
+            case 3: rows_kernel<3>(W, r0, r1, xs, ldx, ss, ys, ldy); break;
+            default: rows_kernel<4>(W, r0, r1, xs, ldx, ss, ys, ldy); break;
+        }
+    }
+}
+
+// xsum[s][b] = the sum of block b of x[s] (Q4_1's minimum term), when one of W[0..n) needs it.
+void block_sums(const Linear* const* W, int n, int B, const float* x, int ldx, float* xsum) {
+    bool minimum = false;
+    for (int i = 0; i < n; i++) minimum |= W[i]->kind == Q4_1;
+    if (!minimum) return;
+    const int nb = W[0]->cols / QK;
+    for (int i = 0; i < B * nb; i++) {
+        const float* xs = x + (i / nb) * ldx + (i % nb) * QK;
+        float t = 0;
+        for (int j = 0; j < QK; j++) t += xs[j];
+        xsum[i] = t;
+    }
+}
+
+inline int64_t row_bytes(const Linear& W) {
+    return W.kind == F32 ? int64_t(W.cols) * 4 : int64_t(W.cols / QK) * block_bytes(W.kind);
+}
+
+
+// The matrices W[0..n) (n <= 3, one input width) applied to the B vectors x, matrix i's outputs to
+// y[i] (row stride ldy[i]): their rows, taken together, in units (q, k and v, or gate and up, are
+// one phase, as one fused matrix would be).
+// ptr: W[0..3), y at 3..6, x, xsum; num: n, ldy[0..3) at 1..4, B, ldx, total rows.
+void matmul_run(const team::Phase& p, int u, float* out) {
+    const int64_t n = p.num[0], B = p.num[4], total = p.num[6];
+    const int64_t lo = u * int64_t(p.per), hi = std::min(total, lo + p.per);
+    for (int64_t i = 0, base = 0; i < n; i++) {
+        const Linear& W = *static_cast<const Linear*>(p.ptr[i]);
+        const int64_t r0 = std::max(lo - base, int64_t(0)), r1 = std::min(hi - base, int64_t(W.rows));
+        if (r0 < r1) {
+            float* y = out ? out + (base + r0 - lo) : static_cast<float*>(const_cast<void*>(p.ptr[3 + i])) + r0;
+            const int ld = int(out ? hi - lo : p.num[1 + i]);
+            rows(W, int(r0), int(r1), int(B), static_cast<const float*>(p.ptr[6]), int(p.num[5]),
+                 static_cast<const float*>(p.ptr[7]), y, ld);
+        }
+        base += W.rows;
+    }
+}
+
+void matmul_commit(const team::Phase& p, int u, const float* out) {
+    const int64_t n = p.num[0], B = p.num[4], total = p.num[6];
+    const int64_t lo = u * int64_t(p.per), hi = std::min(total, lo + p.per);
+    for (int64_t i = 0, base = 0; i < n; i++) {
+        const int64_t rows_i = static_cast<const Linear*>(p.ptr[i])->rows;
+        const int64_t r0 = std::max(lo - base, int64_t(0)), r1 = std::min(hi - base, rows_i);
+        float* y = static_cast<float*>(const_cast<void*>(p.ptr[3 + i]));
+        for (int64_t s = 0; r0 < r1 && s < B; s++)
+            std::memcpy(y + s * p.num[1 + i] + r0, out + s * (hi - lo) + base + r0 - lo, sizeof(float) * (r1 - r0));
+        base += rows_i;
+    }
+}
+
+team::Phase matmul_phase(const Linear* const* W, float* const* y, const int* ldy, int n, int B, const float* x,
+                         int ldx, const float* xsum, int64_t unit_bytes) {
+    team::Phase p{};
+    p.run = matmul_run;
+    p.commit = matmul_commit;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        p.ptr[i] = W[i];
+        p.ptr[3 + i] = y[i];
+        p.num[1 + i] = ldy[i];
+        total += W[i]->rows;
+    }
+    p.ptr[6] = x;
+    p.ptr[7] = xsum;
+    p.num[0] = n;
+    p.num[4] = B;
+    p.num[5] = ldx;
+    p.num[6] = total;
+    const int64_t per = std::max((total + team::MAX_UNITS - 1) / team::MAX_UNITS,
+                                 (unit_bytes + row_bytes(*W[0]) - 1) / row_bytes(*W[0]));
+    p.per = int(std::min(per, total));
+    p.units = int((total + p.per - 1) / p.per);
+    p.private_floats = int64_t(B) * p.per;
+    return p;
+}
+
+void matmul(team::Team& team, int64_t unit_bytes, const Linear& W, int B, const float* x, int ldx, float* xsum,
+            float* y, int ldy) {
+    const Linear* ws[1] = {&W};
+    float* ys[1] = {y};
+    const int lds[1] = {ldy};
+    block_sums(ws, 1, B, x, ldx, xsum);
+    team.run(matmul_phase(ws, ys, lds, 1, B, x, ldx, xsum, unit_bytes));
+}
+
+// The first position a query at position n - 1 attends to in layer L.
+inline int first(const Layer& L, int n) { return L.window > 0 ? std::max(0, n - L.window) : 0; }
+
+// What every phase of one step reads: the model, the sequences, the scratch buffers.
+struct Step {
+    const Model* m;
+    int B, max_len, chunks, ldq;
+    int64_t unit_bytes;
+    const int64_t* positions;
+    float** k_cache;
+    float** v_cache;
+    const int64_t* capacity;
+    float *qkv, *probs, *partial, *att;
+};
+
+// Attention, in four phases over (sequence, K/V head, chunk of CHUNK positions) or (sequence, head):
+// each position's K and V read once for the heads sharing them, the work split evenly however few
+// sequences run; every sum in a fixed order (chunk by chunk). num[0]: the layer; num[1]: the items.
+struct Item {  // item i of a (sequence, K/V head, chunk) phase
+    int s, kvh, c, t0, t1;
+    Item(const Step& st, const Layer& L, int64_t i) {
+        const int NKV = st.m->n_kv_heads;
+        s = int(i / (NKV * st.chunks));
+        kvh = int((i / st.chunks) % NKV);
+        c = int(i % st.chunks);
+        const int n = int(st.positions[s]) + 1;
+        t1 = std::min(n, c * CHUNK + CHUNK);
+        t0 = std::max(c * CHUNK, first(L, n));
+    }
+};
+
+inline const Step& step_of(const team::Phase& p) { return *static_cast<const Step*>(p.ctx); }
+inline const Layer& layer_of(const team::Phase& p) { return step_of(p).m->layers[p.num[0]]; }
+inline int64_t unit_lo(const team::Phase& p, int u) { return int64_t(u) * p.per; }
+inline int64_t unit_hi(const team::Phase& p, int u) { return std::min(p.num[1], unit_lo(p, u) + p.per); }
+
+// scores: probs[s, head, t] = q . k_t * scale (private: [item][group][CHUNK])
+void scores_run(const team::Phase& p, int u, float* out) {
+    const Step& st = step_of(p);
+    const Layer& L = layer_of(p);
+    const Model* m = st.m;
+    const int D = m->head_dim, NH = m->n_heads, group = NH / m->n_kv_heads;
+    for (int64_t i = unit_lo(p, u); i < unit_hi(p, u); i++) {
+        const Item it(st, L, i);
+        const float* kc = st.k_cache[it.s * m->n_layers + p.num[0]] + size_t(it.kvh) * st.capacity[it.s] * D;
+        for (int t = it.t0; t < it.t1; t++)
+            for (int g = 0; g < group; g++) {
+                const int hh = it.kvh * group + g;
+                float* dst = out ? out + ((i - unit_lo(p, u)) * group + g) * CHUNK + (t - it.c * CHUNK)
+                                 : st.probs + size_t(it.s * NH + hh) * st.max_len + t;
+                *dst = dot(st.qkv + it.s * st.ldq + hh * D, kc + size_t(t) * D, D) * m->scale;
+            }
+    }
+}
+
+void scores_commit(const team::Phase& p, int u, const float* out) {
+    const Step& st = step_of(p);
+    const Layer& L = layer_of(p);
+    const int NH = st.m->n_heads, group = NH / st.m->n_kv_heads;
+    for (int64_t i = unit_lo(p, u); i < unit_hi(p, u); i++) {
+        const Item it(st, L, i);
+        for (int g = 0; it.t0 < it.t1 && g < group; g++)
+            std::memcpy(st.probs + size_t(it.s * NH + it.kvh * group + g) * st.max_len + it.t0,
+                        out + ((i - unit_lo(p, u)) * group + g) * CHUNK + (it.t0 - it.c * CHUNK),
+                        sizeof(float) * (it.t1 - it.t0));
+    }
+}
+
+// softmax of each (sequence, head)'s scores over the positions it attends to (private: a row)
+void softmax_run(const team::Phase& p, int u, float* out) {
+    const Step& st = step_of(p);
+    const Layer& L = layer_of(p);
+    for (int64_t i = unit_lo(p, u); i < unit_hi(p, u); i++) {
+        const int n = int(st.positions[i / st.m->n_heads]) + 1, t0 = first(L, n);
+        float* row = st.probs + size_t(i) * st.max_len;
+        if (out) row = static_cast<float*>(std::memcpy(out + (i - unit_lo(p, u)) * st.max_len, row, sizeof(float) * n));
+        float top = -INFINITY;
+        for (int t = t0; t < n; t++) top = row[t] > top ? row[t] : top;
+        const float inv = 1.0f / exp_shifted(row + t0, n - t0, top);
+        for (int t = t0; t < n; t++) row[t] *= inv;
+    }
+}
+
+void softmax_commit(const team::Phase& p, int u, const float* out) {
+    const Step& st = step_of(p);
+    const Layer& L = layer_of(p);
+    for (int64_t i = unit_lo(p, u); i < unit_hi(p, u); i++) {
+        const int n = int(st.positions[i / st.m->n_heads]) + 1, t0 = first(L, n);
+        std::memcpy(st.probs + size_t(i) * st.max_len + t0, out + (i - unit_lo(p, u)) * st.max_len + t0,
+                    sizeof(float) * (n - t0));
+    }
+}
+
+// values: partial[item, g] = sum over the chunk's positions of probs * v (private: [item][group][D])
+void values_run(const team::Phase& p, int u, float* out) {
+    const Step& st = step_of(p);
+    const Layer& L = layer_of(p);
+    const Model* m = st.m;
+    const int D = m->head_dim, NH = m->n_heads, group = NH / m->n_kv_heads;
+    for (int64_t i = unit_lo(p, u); i < unit_hi(p, u); i++) {
+        const Item it(st, L, i);
+        const float* vc = st.v_cache[it.s * m->n_layers + p.num[0]] + size_t(it.kvh) * st.capacity[it.s] * D;
+        float* part = (out ? out + (i - unit_lo(p, u)) * group * D : st.partial + size_t(i) * group * D);
+        for (int j = 0; j < group * D; j++) part[j] = 0;
+        for (int t = it.t0; t < it.t1; t++)
+            for (int g = 0; g < group; g++)
+                axpy(st.probs[size_t(it.s * NH + it.kvh * group + g) * st.max_len + t], vc + size_t(t) * D, part + g * D, D);
+    }
+}
+
+// the chunks' partial sums of each (sequence, head), in chunk order (private: [item][D])
+void combine_run(const team::Phase& p, int u, float* out) {
+    const Step& st = step_of(p);
+    const Model* m = st.m;
+    const int D = m->head_dim, NH = m->n_heads, NKV = m->n_kv_heads, group = NH / NKV;
+    for (int64_t i = unit_lo(p, u); i < unit_hi(p, u); i++) {
+        const int s = int(i / NH), hh = int(i % NH), kvh = hh / group, g = hh % group;
+        float* dst = out ? out + (i - unit_lo(p, u)) * D : st.att + size_t(i) * D;  // att: [B, NH * D]
+        for (int j = 0; j < D; j++) dst[j] = 0;
+        for (int c = 0; c < st.chunks; c++)
+            axpy(1.0f, st.partial + (size_t((s * NKV + kvh) * st.chunks + c) * group + g) * D, dst, D);
+    }
+}
+
+// values and combine write a whole contiguous run of ``width`` floats per item
+template <int Which>
+void contiguous_commit(const team::Phase& p, int u, const float* out) {
+    const Step& st = step_of(p);
+    const int64_t width = Which == 0 ? int64_t(st.m->n_heads / st.m->n_kv_heads) * st.m->head_dim : st.m->head_dim;
+    float* base = Which == 0 ? st.partial : st.att;
+    std::memcpy(base + unit_lo(p, u) * width, out, sizeof(float) * (unit_hi(p, u) - unit_lo(p, u)) * width);
+}
+
+// ``items`` items of about ``bytes_per_item`` bytes of work each, in units of about st.unit_bytes.
+team::Phase attention_phase(const Step& st, int l, team::Run run, team::Commit commit, int64_t items,
+                            int64_t floats_per_item, int64_t bytes_per_item) {
+    team::Phase p{};
+    p.run = run;
+    p.commit = commit;
+    p.ctx = &st;
+    p.num[0] = l;
+    p.num[1] = items;
+    const int64_t per = std::max((items + team::MAX_UNITS - 1) / team::MAX_UNITS,
+                                 (st.unit_bytes + bytes_per_item - 1) / std::max<int64_t>(bytes_per_item, 1));
+    p.per = int(std::max<int64_t>(1, std::min(per, items)));
+    p.units = int((items + p.per - 1) / p.per);
+    p.private_floats = p.per * floats_per_item;
+    return p;
+}
+
+void attention(team::Team& team, const Step& st, int l) {
+    const Model* m = st.m;
+    const int64_t group = m->n_heads / m->n_kv_heads, per_kv = int64_t(st.B) * m->n_kv_heads * st.chunks;
+    const int64_t heads = int64_t(st.B) * m->n_heads;
+    // NOTE: the work of an item in bytes: the K or V rows it reads; a row of scores (whose
+    // exponentials cost about as much as reading 4 floats each); the partial sums it adds
+    const int64_t D = m->head_dim, positions = std::min(st.max_len, CHUNK);
+    team.run(attention_phase(st, l, scores_run, scores_commit, per_kv, group * CHUNK, positions * D * 4));
+    team.run(attention_phase(st, l, softmax_run, softmax_commit, heads, st.max_len, st.max_len * 16));
+    team.run(attention_phase(st, l, values_run, contiguous_commit<0>, per_kv, group * D, positions * D * 4));
+    team.run(attention_phase(st, l, combine_run, contiguous_commit<1>, heads, D, st.chunks * D * 4));
+}
+
+// The new token's embedding, each sequence's on the leader (one row each).
+void embed(const Model* m, int B, const int64_t* tokens, float* x) {
+    const int H = m->hidden;
+    const Linear& E = m->embed;
+    for (int s = 0; s < B; s++) {
+        float* out = x + s * H;
+        if (E.kind == F32) {
+            std::memcpy(out, static_cast<const float*>(E.data) + size_t(tokens[s]) * H, sizeof(float) * H);
+            continue;
+        }
+        const int nb = H / QK, bb = block_bytes(E.kind);
+        const uint8_t* row = static_cast<const uint8_t*>(E.data) + size_t(tokens[s]) * nb * bb;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = row + b * bb;
+            const float d = fp16(blk), mn = E.kind == Q4_1 ? fp16(blk + 2) : 0.0f;
+            for (int j = 0; j < QK; j++) {
+                float q;
+                if (E.kind == Q8_0) q = float(int8_t(blk[2 + j]));
+                else {
+                    const uint8_t c = (blk + (E.kind == Q4_1 ? 4 : 2))[j % 16];
+                    q = float(int(j < 16 ? c & 0x0f : c >> 4) - (E.kind == Q4_0 ? 8 : 0));
+                }
+                out[b * QK + j] = d * q + mn;
+            }
+        }
+    }
+}
+
+// Per-head norms (Qwen3) and rotary of the new q and k, and the new K/V into the caches (leader).
+void rotate_and_store(const Step& st, int l) {
+    const Model* m = st.m;
+    const Layer& L = m->layers[l];
+    const int D = m->head_dim, NH = m->n_heads, NKV = m->n_kv_heads, QD = NH * D, KD = NKV * D;
+    for (int s = 0; s < st.B; s++) {
+        float* q = st.qkv + s * st.ldq;
+        float* k = q + QD;
+        float* v = k + KD;
+        const int64_t pos = st.positions[s];
+        const float* cs = m->cos_table + pos * D;
+        const float* sn = m->sin_table + pos * D;
+        for (int hh = 0; hh < NH; hh++) {
+            if (L.q_norm) rms_norm(q + hh * D, L.q_norm, m->eps, D, q + hh * D);
+            rope(q + hh * D, cs, sn, D);
+        }
+        float* kc = st.k_cache[s * m->n_layers + l];
+        float* vc = st.v_cache[s * m->n_layers + l];
+        for (int hh = 0; hh < NKV; hh++) {
+            if (L.k_norm) rms_norm(k + hh * D, L.k_norm, m->eps, D, k + hh * D);
+            rope(k + hh * D, cs, sn, D);
+            std::memcpy(kc + (size_t(hh) * st.capacity[s] + pos) * D, k + hh * D, sizeof(float) * D);
+            std::memcpy(vc + (size_t(hh) * st.capacity[s] + pos) * D, v + hh * D, sizeof(float) * D);
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -338,9 +614,6 @@ void kvp_gather(float* dst, int64_t layers, int64_t heads, int64_t capacity, int
     }
 }
 
-// The first position a query at position n - 1 attends to in layer L.
-inline int first(const Layer& L, int n) { return L.window > 0 ? std::max(0, n - L.window) : 0; }
-
 // Bytes of scratch ``kvp_decode`` needs for B sequences whose longest past is ``max_len``.
 int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
     const int qd = m->n_heads * m->head_dim, qkv = qd + 2 * m->n_kv_heads * m->head_dim;
@@ -354,11 +627,15 @@ int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
 // k_cache[s * n_layers + l] (v_cache likewise) points at layer l's K of sequence s, laid out
 // [n_kv_heads, capacity[s], head_dim]; the new K/V are written at the position, attention reads
 // positions [0, position], or (layer window W > 0) [position - W + 1, position]. logits: [B, vocab]. scratch: kvp_scratch_floats(m, B, max position + 1).
-// threads: the OpenMP team's size (torch's, so the cores are shared by one team).
+// threads: the calling thread and threads - 1 helpers (team.h), which help as they run: the result is
+// the same for any number. unit_bytes: about how much work (bytes of weights or K/V read) each unit
+// shared among them holds (a few microseconds' worth: more units share more evenly, each costs a
+// little to hand out).
 void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* positions, float** k_cache,
-                float** v_cache, const int64_t* capacity, float* logits, float* scratch, int threads) {
+                float** v_cache, const int64_t* capacity, float* logits, float* scratch, int threads,
+                int64_t unit_bytes) {
     const int H = m->hidden, D = m->head_dim, NH = m->n_heads, NKV = m->n_kv_heads, I = m->inter;
-    const int QD = NH * D, KD = NKV * D, group = NH / NKV;
+    const int QD = NH * D, KD = NKV * D;
     int max_len = 0;
     for (int s = 0; s < B; s++) max_len = positions[s] + 1 > max_len ? int(positions[s]) + 1 : max_len;
     float* x = scratch;                   // [B, H] residual stream
@@ -371,134 +648,39 @@ void kvp_decode(const Model* m, int B, const int64_t* tokens, const int64_t* pos
     const int chunks = (max_len + CHUNK - 1) / CHUNK;
     float* partial = probs + size_t(B) * NH * max_len;  // [B, NKV, chunks, group, D]
     const int ldq = QD + 2 * KD;
-
-#pragma omp parallel num_threads(threads)
-    {
-        // embeddings
-#pragma omp for schedule(static)
-        for (int s = 0; s < B; s++) {
-            const Linear& E = m->embed;
-            float* out = x + s * H;
-            if (E.kind == F32) {
-                std::memcpy(out, static_cast<const float*>(E.data) + size_t(tokens[s]) * H, sizeof(float) * H);
-            } else {
-                const int nb = H / QK, bb = block_bytes(E.kind);
-                const uint8_t* row = static_cast<const uint8_t*>(E.data) + size_t(tokens[s]) * nb * bb;
-                for (int b = 0; b < nb; b++) {
-                    const uint8_t* blk = row + b * bb;
-                    const float d = fp16(blk), mn = E.kind == Q4_1 ? fp16(blk + 2) : 0.0f;
-                    for (int j = 0; j < QK; j++) {
-                        float q;
-                        if (E.kind == Q8_0) q = float(int8_t(blk[2 + j]));
-                        else {
-                            const uint8_t c = (blk + (E.kind == Q4_1 ? 4 : 2))[j % 16];
-                            q = float(int(j < 16 ? c & 0x0f : c >> 4) - (E.kind == Q4_0 ? 8 : 0));
-                        }
-                        out[b * QK + j] = d * q + mn;
-                    }
-                }
-            }
+    const Step st{m, B, max_len, chunks, ldq, unit_bytes, positions, k_cache, v_cache, capacity, qkv, probs, partial, att};
+    team::Team& team = team::of_this_thread();
+    team.begin(threads - 1);
+    embed(m, B, tokens, x);
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer& L = m->layers[l];
+        for (int s = 0; s < B; s++) rms_norm(x + s * H, L.attn_norm, m->eps, H, h + s * H);
+        {
+            const Linear* ws[3] = {&L.q, &L.k, &L.v};
+            float* ys[3] = {qkv, qkv + QD, qkv + QD + KD};
+            const int lds[3] = {ldq, ldq, ldq};
+            block_sums(ws, 3, B, h, H, xsum);
+            team.run(matmul_phase(ws, ys, lds, 3, B, h, H, xsum, unit_bytes));
         }
-        for (int l = 0; l < m->n_layers; l++) {
-            const Layer& L = m->layers[l];
-#pragma omp for schedule(static)
-            for (int s = 0; s < B; s++) rms_norm(x + s * H, L.attn_norm, m->eps, H, h + s * H);
-            {
-                const Linear* ws[3] = {&L.q, &L.k, &L.v};
-                float* ys[3] = {qkv, qkv + QD, qkv + QD + KD};
-                const int lds[3] = {ldq, ldq, ldq};
-                matmuls(ws, 3, B, h, H, xsum, ys, lds);
-            }
-            // per-head norms (Qwen3), rotary, and the new K/V into the caches
-#pragma omp for schedule(static)
-            for (int s = 0; s < B; s++) {
-                float* q = qkv + s * ldq;
-                float* k = q + QD;
-                float* v = k + KD;
-                const int64_t pos = positions[s];
-                const float* cs = m->cos_table + pos * D;
-                const float* sn = m->sin_table + pos * D;
-                for (int hh = 0; hh < NH; hh++) {
-                    if (L.q_norm) rms_norm(q + hh * D, L.q_norm, m->eps, D, q + hh * D);
-                    rope(q + hh * D, cs, sn, D);
-                }
-                float* kc = k_cache[s * m->n_layers + l];
-                float* vc = v_cache[s * m->n_layers + l];
-                for (int hh = 0; hh < NKV; hh++) {
-                    if (L.k_norm) rms_norm(k + hh * D, L.k_norm, m->eps, D, k + hh * D);
-                    rope(k + hh * D, cs, sn, D);
-                    std::memcpy(kc + (size_t(hh) * capacity[s] + pos) * D, k + hh * D, sizeof(float) * D);
-                    std::memcpy(vc + (size_t(hh) * capacity[s] + pos) * D, v + hh * D, sizeof(float) * D);
-                }
-            }
-            // attention, in four passes over (sequence, K/V head, chunk of CHUNK positions): each
-            // position's K and V read once for the heads sharing them, the work split evenly
-            // however few sequences run; every sum in a fixed order (chunk by chunk)
-#pragma omp for schedule(static)
-            for (int i = 0; i < B * NKV * chunks; i++) {
-                const int s = i / (NKV * chunks), kvh = (i / chunks) % NKV, c = i % chunks;
-                const int n = int(positions[s]) + 1, t1 = std::min(n, c * CHUNK + CHUNK);
-                const int t0 = std::max(c * CHUNK, first(L, n));
-                const float* kc = k_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
-                for (int t = t0; t < t1; t++)
-                    for (int g = 0; g < group; g++) {
-                        const int hh = kvh * group + g;
-                        probs[size_t(s * NH + hh) * max_len + t] = dot(qkv + s * ldq + hh * D, kc + size_t(t) * D, D) * m->scale;
-                    }
-            }
-#pragma omp for schedule(static)
-            for (int i = 0; i < B * NH; i++) {
-                const int n = int(positions[i / NH]) + 1, t0 = first(L, n);
-                float* p = probs + size_t(i) * max_len;
-                float top = -INFINITY;
-                for (int t = t0; t < n; t++) top = p[t] > top ? p[t] : top;
-                const float inv = 1.0f / exp_shifted(p + t0, n - t0, top);
-                for (int t = t0; t < n; t++) p[t] *= inv;
-            }
-#pragma omp for schedule(static)
-            for (int i = 0; i < B * NKV * chunks; i++) {
-                const int s = i / (NKV * chunks), kvh = (i / chunks) % NKV, c = i % chunks;
-                const int n = int(positions[s]) + 1, t1 = std::min(n, c * CHUNK + CHUNK);
-                const int t0 = std::max(c * CHUNK, first(L, n));
-                const float* vc = v_cache[s * m->n_layers + l] + size_t(kvh) * capacity[s] * D;
-                float* part = partial + size_t(i) * group * D;
-                for (int j = 0; j < group * D; j++) part[j] = 0;
-                for (int t = t0; t < t1; t++)
-                    for (int g = 0; g < group; g++)
-                        axpy(probs[size_t(s * NH + kvh * group + g) * max_len + t], vc + size_t(t) * D, part + g * D, D);
-            }
-#pragma omp for schedule(static)
-            for (int i = 0; i < B * NH; i++) {
-                const int s = i / NH, hh = i % NH, kvh = hh / group, g = hh % group;
-                float* out = att + s * QD + hh * D;
-                for (int j = 0; j < D; j++) out[j] = 0;
-                for (int c = 0; c < chunks; c++)
-                    axpy(1.0f, partial + (size_t((s * NKV + kvh) * chunks + c) * group + g) * D, out, D);
-            }
-            matmul(L.o, B, att, QD, xsum, h, H);
-#pragma omp for schedule(static)
-            for (int i = 0; i < B * H; i++) x[i] += h[i];
-#pragma omp for schedule(static)
-            for (int s = 0; s < B; s++) rms_norm(x + s * H, L.ffn_norm, m->eps, H, h + s * H);
-            {
-                const Linear* ws[2] = {&L.gate, &L.up};
-                float* ys[2] = {gu, gu + I};
-                const int lds[2] = {2 * I, 2 * I};
-                matmuls(ws, 2, B, h, H, xsum, ys, lds);
-            }
-#pragma omp for schedule(static)
-            for (int s = 0; s < B; s++) {
-                float* g = gu + s * 2 * I;
-                silu_mul(g, g + I, I);
-            }
-            matmul(L.down, B, gu, 2 * I, xsum, h, H);
-#pragma omp for schedule(static)
-            for (int i = 0; i < B * H; i++) x[i] += h[i];
+        rotate_and_store(st, l);
+        attention(team, st, l);
+        matmul(team, unit_bytes, L.o, B, att, QD, xsum, h, H);
+        for (int i = 0; i < B * H; i++) x[i] += h[i];
+        for (int s = 0; s < B; s++) rms_norm(x + s * H, L.ffn_norm, m->eps, H, h + s * H);
+        {
+            const Linear* ws[2] = {&L.gate, &L.up};
+            float* ys[2] = {gu, gu + I};
+            const int lds[2] = {2 * I, 2 * I};
+            block_sums(ws, 2, B, h, H, xsum);
+            team.run(matmul_phase(ws, ys, lds, 2, B, h, H, xsum, unit_bytes));
         }
-#pragma omp for schedule(static)
-        for (int s = 0; s < B; s++) rms_norm(x + s * H, m->final_norm, m->eps, H, h + s * H);
-        matmul(m->head, B, h, H, xsum, logits, m->vocab);
+        for (int s = 0; s < B; s++) silu_mul(gu + s * 2 * I, gu + s * 2 * I + I, I);
+        matmul(team, unit_bytes, L.down, B, gu, 2 * I, xsum, h, H);
+        for (int i = 0; i < B * H; i++) x[i] += h[i];
     }
+    for (int s = 0; s < B; s++) rms_norm(x + s * H, m->final_norm, m->eps, H, h + s * H);
+    matmul(team, unit_bytes, m->head, B, h, H, xsum, logits, m->vocab);
+    team.end();
 }
 
 }  // extern "C"

@@ -1,10 +1,11 @@
 """``NativeDecoder``: the decode step in one call into ``decode.cpp`` (built by ``build``).
 
-The whole step, every layer of every running sequence, is one C++ call with one OpenMP region:
-no Python between layers, no tensors allocated per token, the new K/V written straight into each
-sequence's preallocated buffers (``engine.kv.GrowingLayer``). Matrices are computed on what
-holds them: the source's block codes (``engine.model.codes``) or the checkpoint's float32 rows.
-``engine.decoding.pick_decoder`` checks it against transformers' forward before using it.
+The whole step, every layer of every running sequence, is one C++ call, its work shared with
+helper threads that the step never waits for (``team.h``): no Python between layers, no tensors
+allocated per token, the new K/V written straight into each sequence's preallocated buffers
+(``engine.kv.GrowingLayer``). Matrices are computed on what holds them: the source's block codes
+(``engine.model.codes``) or the checkpoint's float32 rows. ``engine.decoding.pick_decoder`` checks
+it against transformers' forward before using it.
 """
 
 from __future__ import annotations
@@ -51,17 +52,32 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
+UNIT_BYTES = 64 * 1024
+"""Work per unit shared among a step's threads, in bytes read: enough (a few microseconds) to pay for
+handing it out, small enough that a unit taken over from a descheduled helper costs little."""
+
+
 class NativeDecoder:
     """The native decode step (``engine.decoding.Decoder``) over ``model``'s float32 weights,
     or the source codes ``codes`` (parameter name -> ``Codes``) where given.
 
     Args:
         lib: the library ``engine.kernels.build.load`` built.
-        threads: the OpenMP team's size.
+        threads: the threads that compute a step: the caller and ``threads - 1`` helpers.
+        unit_bytes: about how much work (bytes of weights or K/V read) each unit of work shared
+            among them holds (``UNIT_BYTES``; tests pass small ones to share even a tiny model's).
     """
 
-    def __init__(self, model: Any, codes: dict[str, Codes], lib: ctypes.CDLL, threads: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        codes: dict[str, Codes],
+        lib: ctypes.CDLL,
+        threads: int,
+        unit_bytes: int | None = None,
+    ) -> None:
         self.lib, self.threads = lib, threads
+        self.unit_bytes = unit_bytes or UNIT_BYTES
         self.name = "native, source codes" if codes else "native"
         self._keep: list[torch.Tensor] = []  # NOTE: every buffer the C structures point into
         config, inner = model.config, model.model
@@ -200,6 +216,7 @@ class NativeDecoder:
             ctypes.c_void_p(logits.data_ptr()),
             ctypes.c_void_p(self._scratch.data_ptr()),
             self.threads,
+            ctypes.c_int64(self.unit_bytes),
         )
         for past, position in zip(pasts, positions, strict=True):
             for grown in past.layers:
