@@ -45,7 +45,11 @@ class BlockCache:
         options = options or CacheOptions()
         self.spec, self.options = spec, options
         self.parts = StoreParts.open(
-            index, blobs, ram_bytes=options.ram_bytes, cooldown_s=options.breaker_cooldown_s
+            index,
+            blobs,
+            ram_bytes=options.ram_bytes,
+            cooldown_s=options.breaker_cooldown_s,
+            redis=options.redis,
         )
         self.writer = BlockWriter(self.parts, spec, options)
         self._lookup = PrefixLookup(self.parts, self.writer, spec, options)

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from store.breaker import CircuitBreaker
 from store.index.redis.connect import REDIS_ERRORS
+from store.index.redis.faults import RedisPlace, redis_fault
 from store.stats import StatsRecorder
 
 log = logging.getLogger("store")
@@ -34,11 +35,13 @@ class Guard:
     Args:
         cooldown_s: how long to skip Redis after it failed.
         stats: where Redis failures are counted (``redis_errors``).
+        place: the Redis's URL and timeout, for the warnings (``store.index.redis.faults``).
     """
 
-    def __init__(self, cooldown_s: float, stats: StatsRecorder) -> None:
+    def __init__(self, cooldown_s: float, stats: StatsRecorder, place: RedisPlace | None = None) -> None:
         self.breaker = CircuitBreaker(cooldown_s)
         self.stats = stats
+        self.place = place or RedisPlace()
         self._scoped: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._last_warning: dict[str, float] = {}
@@ -71,15 +74,15 @@ class Guard:
 
     def failed(self, operation: str, exc: Exception, breaker: CircuitBreaker | None = None) -> None:
         """Count a Redis failure and open the breaker (logged when it opens, once a minute at
-        most)."""
+        most, saying whether Redis was too slow or is not there: ``redis_fault``)."""
         self.stats.add(redis_errors=1)
         if (breaker or self.breaker).failure():
             self.warn(
                 "redis",
-                "Redis index unreachable during %s (%s): serving uncached; caching resumes on its "
-                "own when Redis answers. Start Redis or set KVPROXY_REDIS_URL.",
+                "Redis index failed during %s: %s. Serving uncached; caching resumes on its own when "
+                "Redis answers.",
                 operation,
-                exc,
+                redis_fault(exc, self.place),
             )
 
     def succeeded(self, breaker: CircuitBreaker | None = None) -> None:

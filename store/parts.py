@@ -8,11 +8,12 @@ breaker for all of them and every statistic lands in one recorder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from store.blobs.base import BlobBackend
 from store.guard import Guard
 from store.index.base import BlockIndex, Counters, HotPrefixes
+from store.index.redis.faults import RedisPlace
 from store.ram import RamTier
 from store.stats import StatsRecorder
 
@@ -34,6 +35,7 @@ class CacheOptions:
         pin_memory: keep blocks read from blobs in page-locked memory (for a model on an
             accelerator: uploads are then asynchronous).
         tails: keep and serve tails (``hashing.tails``) beside blocks.
+        redis: the index's Redis as its warnings name it (URL, timeout).
     """
 
     ttl_s: int = 3600
@@ -45,6 +47,7 @@ class CacheOptions:
     gc_grace_s: float = 60.0
     pin_memory: bool = False
     tails: bool = True
+    redis: RedisPlace = field(default_factory=RedisPlace)
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,17 @@ class StoreParts:
 
     @classmethod
     def open(
-        cls, index: BlockIndex, blobs: BlobBackend, *, ram_bytes: int = 0, cooldown_s: float = 5.0
+        cls,
+        index: BlockIndex,
+        blobs: BlobBackend,
+        *,
+        ram_bytes: int = 0,
+        cooldown_s: float = 5.0,
+        redis: RedisPlace | None = None,
     ) -> StoreParts:
         """The parts of a cache on ``index`` and ``blobs``, with a RAM tier of ``ram_bytes``
-        bytes and breakers that skip Redis for ``cooldown_s`` seconds after a failure."""
+        bytes and breakers that skip Redis for ``cooldown_s`` seconds after a failure (their
+        warnings naming ``redis``)."""
         recorder = StatsRecorder()
         # NOTE: the deployment-wide counters have a breaker of their own: on a Redis Cluster they
         # may live on another node than a namespace's blocks, whose lookups must not stop with them.
@@ -81,8 +91,8 @@ class StoreParts:
             index,
             blobs,
             RamTier(ram_bytes),
-            Guard(cooldown_s, recorder),
-            Guard(cooldown_s, recorder),
+            Guard(cooldown_s, recorder, redis),
+            Guard(cooldown_s, recorder, redis),
             recorder,
             index.shared_counters(),
             index.hot_prefixes(),

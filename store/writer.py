@@ -20,6 +20,7 @@ import torch
 from hashing import BlockHash, Namespace
 from store.background import yield_to_requests
 from store.codec import served
+from store.counts import SharedCounts
 from store.entries import new_entry
 from store.errors import StoreUnavailable
 from store.gc import evict_to_budget
@@ -31,6 +32,9 @@ from store.serde import encode_block
 from store.stored import Published, Stored, blocks_to_store, tail_to_store
 
 log = logging.getLogger(__name__)
+
+RETRY_COUNTS_S = 5.0
+"""Seconds after which an idle writer tries again to add counts a failed flush left."""
 
 
 class BlockWriter:
@@ -47,6 +51,7 @@ class BlockWriter:
     def __init__(self, parts: StoreParts, spec: KVSpec, options: CacheOptions) -> None:
         self.parts, self.spec, self.max_bytes = parts, spec, options.max_bytes
         self.pending = PendingBlocks()
+        self.counts = SharedCounts(parts.counters, parts.stats_guard)
         # NOTE: one background thread does every write (blobs, index entries, shared counters), so
         # nothing a request does waits on the disk or on a second Redis round trip.
         self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=options.max_pending_saves)
@@ -117,18 +122,12 @@ class BlockWriter:
         self, namespace: Namespace | None = None, *, also: Callable[[], object] | None = None, **counts: int
     ) -> None:
         """Add to the deployment-wide counters (and the namespace's) in the background; ``also``
-        (another statistic, e.g. a hot prefix's hit) runs in the same job, through the same
-        breaker, so a lookup costs the writer's queue one job."""
-        guard = self.parts.stats_guard
-        if guard.allow():
-            scope = namespace.hex() if namespace is not None else None
-
-            def job() -> None:
-                guard.redis("stats", self.parts.counters.add, scope, counts)
-                if also is not None:
-                    guard.redis("stats", also)
-
-            self.enqueue(job)
+        (another statistic, e.g. a hot prefix's hit) runs in the same flush, through the same
+        breaker. Counts are merged until the writer adds them (``store.counts``): a full queue or
+        a failing Redis delays them, never drops them."""
+        scope = namespace.hex() if namespace is not None else None
+        if self.counts.add(scope, counts, also) and not self.enqueue(self.counts.flush):
+            self.counts.unqueued()
 
     def enqueue(self, job: Callable[[], None]) -> bool:
         """Run ``job`` on the writer thread; False when the queue is full (nothing queued)."""
@@ -153,7 +152,12 @@ class BlockWriter:
     def _loop(self) -> None:
         yield_to_requests()
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=RETRY_COUNTS_S)
+            except queue.Empty:  # NOTE: counts a failed flush left wait for no new request
+                if self.counts.waiting:
+                    self.counts.flush()
+                continue
             try:
                 job()
             except Exception:  # a bug here must not kill the writer thread
