@@ -4,10 +4,11 @@ tokenizer and its chat template.
 Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
 ``/v1/messages`` (routed and forwarded; a Responses request continuing a stored response goes to
 the replica that answered it), ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items`` (to
-that replica), ``POST /v1/messages/count_tokens``, ``/tokenize``, ``/detokenize`` and
-``GET /version`` (passed on), ``GET /v1/models`` (the union of the replicas'), ``GET /health``,
-``GET /metrics``, ``GET /stats`` and ``GET /dashboard`` (predicted against reported hit rate per
-replica).
+that replica), ``POST /v1/messages/count_tokens``, ``/tokenize``, ``/detokenize``,
+``GET /version`` and ``GET /v1/models/{id}`` (passed on), ``GET /v1/models`` (the union of the
+replicas'), Gemini's ``/v1beta`` routes (``proxy.router.gemini``: generation routed, named caches
+on the replica holding them), ``GET /health``, ``GET /metrics``, ``GET /stats`` and
+``GET /dashboard`` (predicted against reported hit rate per replica).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
 import xxhash
@@ -29,9 +30,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.model.fetch import ModelError, convert_in_child
 from engine.model.resolve import resolve_model_dir
-from proxy.http.auth import DEFAULT_TENANT, Tenant, bearer, get_tenant, parse_api_keys, require_operator
+from proxy.http.auth import Tenant, parse_api_keys, require_operator
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
+from proxy.router import gemini
+from proxy.router.deps import RouteTenant, credentials, route_tenant, router_of
 from proxy.router.forward import forward, pass_through, while_connected
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
@@ -113,30 +116,13 @@ def create_route_app(settings: RouteSettings, identity: Identity | None = None) 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     app.include_router(api)
+    app.include_router(gemini.api)
     return app
-
-
-def route_tenant(request: Request) -> str:
-    """Whose traffic a request counts as in the route index: the tenant of the router's own API key
-    (``--api-keys``), or without them a digest of the key the client sends on to the replicas, so
-    one replica tenant's prompts never steer, or reveal themselves to, another's."""
-    if request.app.state.api_keys is not None:
-        return get_tenant(request)
-    token = bearer(request)
-    return DEFAULT_TENANT if token is None else f"key-{xxhash.xxh3_64_hexdigest(token.encode())}"
-
-
-RouteTenant = Annotated[str, Depends(route_tenant)]
-
-
-def _router(request: Request) -> Router:
-    router: Router = request.app.state.router
-    return router
 
 
 async def _forward(request: Request, tenant: str, kind: Endpoint) -> Response:
     raw = await request.body()
-    return await while_connected(request, forward(_router(request), request, kind, raw, tenant))
+    return await while_connected(request, forward(router_of(request), request, kind, raw, tenant))
 
 
 @api.post("/v1/chat/completions")
@@ -164,7 +150,7 @@ async def messages(request: Request, tenant: RouteTenant) -> Response:
 @api.get("/v1/responses/{response_id}/input_items")
 async def stored_response(request: Request, response_id: str, tenant: RouteTenant) -> Response:
     """A stored response, from the replica that answered it (any other shares its Redis)."""
-    router = _router(request)
+    router = router_of(request)
     return await pass_through(router, request, await router.response_replica(tenant, response_id))
 
 
@@ -174,18 +160,19 @@ async def stored_response(request: Request, response_id: str, tenant: RouteTenan
 @api.get("/version")
 async def no_prompt(request: Request) -> Response:
     """Routes that compute nothing worth routing for: the least loaded replica answers."""
-    return await pass_through(_router(request), request)
+    return await pass_through(router_of(request), request)
 
 
 @api.get("/v1/models")
 async def models(request: Request, _: Tenant) -> dict[str, Any]:
     """The union of the models the replicas that are up list (the first listing wins)."""
-    router = _router(request)
+    router = router_of(request)
 
     async def listed(url: str) -> list[dict[str, Any]]:
         replica = router.replicas.get(url)
         try:
-            response = await replica.client.get(f"{url}/models", headers=_auth(request), timeout=5)
+            headers, _ = credentials(request)
+            response = await replica.client.get(f"{url}/models", headers=headers, timeout=5)
             data = response.json().get("data", []) if response.status_code == 200 else []
         except (httpx.HTTPError, ValueError, AttributeError):
             return []
@@ -199,10 +186,16 @@ async def models(request: Request, _: Tenant) -> dict[str, Any]:
     return {"object": "list", "data": list(seen.values())}
 
 
+@api.get("/v1/models/{model_id:path}", dependencies=[Depends(route_tenant)])
+async def model(request: Request, model_id: str) -> Response:
+    """One model, from the least loaded replica serving it."""
+    return await pass_through(router_of(request), request, model=model_id)
+
+
 @api.get("/health")
 async def health(request: Request) -> JSONResponse:
     """200 while some replica is up; ``degraded`` while Redis is down (local counts only)."""
-    router = _router(request)
+    router = router_of(request)
     up = {r.url: r.available for r in router.replicas.all}
     redis = "off" if router.index is None else ("ok" if router.redis_ok else "down")
     status = "ok" if any(up.values()) and redis != "down" else "degraded"
@@ -218,12 +211,12 @@ async def health(request: Request) -> JSONResponse:
 
 @api.get("/metrics", dependencies=[Depends(require_operator)])
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(_router(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(router_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @api.get("/stats", dependencies=[Depends(require_operator)])
 async def stats(request: Request) -> dict[str, Any]:
-    router = _router(request)
+    router = router_of(request)
     up = {r.url: r.available for r in router.replicas.all}
     return {"policy": router.settings.policy} | router.metrics.stats(up, dict(router.replicas.inflight))
 
@@ -231,7 +224,3 @@ async def stats(request: Request) -> dict[str, Any]:
 @api.get("/dashboard")
 async def dashboard() -> HTMLResponse:
     return HTMLResponse(resources.files("proxy").joinpath("static/route_dashboard.html").read_text())
-
-
-def _auth(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "x-api-key")}

@@ -2,12 +2,13 @@
 text) under a route namespace (``hashing.route``), and the same for prompt + reply, so that the
 next turn of a conversation finds the replica that answered this one.
 
-Chats come in three dialects: chat completions, the Responses API (its instructions and input
-items as ``proxy.responses`` turns them into a chat) and Anthropic's Messages API (as
-``proxy.anthropic`` does). With a tokenizer, a chat is rendered exactly as ``kvproxy serve``
-renders it (``proxy.serving.rendering.render_chat``, tools as ``proxy.tools.prompt`` writes them
-and ``chat_template_kwargs`` included) and a completion's string prompt tokenized as the engine
-does; token-id prompts are used as they are. Without one,
+Chats come in four dialects: chat completions, the Responses API (its instructions and input
+items as ``proxy.responses`` turns them into a chat), Anthropic's Messages API (as
+``proxy.anthropic`` does) and Gemini's contents (as ``proxy.gemini`` does; a named cache's
+content is a chat too, without the generation prompt). With a tokenizer, a chat is rendered
+exactly as ``kvproxy serve`` renders it (``proxy.serving.rendering.render_chat``, tools as
+``proxy.tools.prompt`` writes them and ``chat_template_kwargs`` included) and a completion's
+string prompt tokenized as the engine does; token-id prompts are used as they are. Without one,
 each message is written as canonical JSON (sorted keys, no spaces), one per line, after a line
 holding the fields that change the rendering (tools, template arguments); turn N + 1's text then
 starts with turn N's text plus its reply. A wrong guess only costs a miss: answers always come
@@ -31,6 +32,8 @@ from hashing import (
 )
 from proxy.anthropic.protocol import MessagesRequest
 from proxy.anthropic.tools import message_tools
+from proxy.gemini.protocol import CachedContentRequest, GenerateContentRequest
+from proxy.gemini.protocol import chat_messages as gemini_messages
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.openai.tools import chat_tools
@@ -84,16 +87,21 @@ class Identity:
         self.tokenizer: Any = tokenizer
         self.fingerprint = fingerprint
 
-    def prompt(self, kind: Endpoint, body: dict[str, Any], tenant: str) -> PromptKey:
-        """The key of a body (already parsed JSON) sent to ``kind``'s route."""
-        model = str(body.get("model", ""))
+    def prompt(
+        self, kind: Endpoint, body: dict[str, Any], tenant: str, model: str | None = None
+    ) -> PromptKey:
+        """The key of a body (already parsed JSON) sent to ``kind``'s route, for ``model`` (by
+        default the body's; Gemini's routes name it in the path). A named cache's content
+        (``cached_contents``) is rendered as the replica stores it, without a generation prompt:
+        the start of every prompt that follows it."""
+        model = str(body.get("model", "")) if model is None else model
         if kind == "completions" and _is_ids(body.get("prompt")):
             return self._key(
                 model, tenant, "ids" if self.tokenizer is None else self.fingerprint, body["prompt"]
             )
         chat = None if kind == "completions" else _chat(kind, body)
         if self.tokenizer is not None:
-            ids = self._token_ids(body, chat)
+            ids = self._token_ids(body, chat, add_generation_prompt=kind != "cached_contents")
             if ids is not None:
                 return self._key(model, tenant, self.fingerprint, ids)
         text = _prompt_text(body.get("prompt")) if kind == "completions" else _chat_text(body, chat)
@@ -154,9 +162,14 @@ def _prompt_text(prompt: object) -> str:
 
 
 def _chat(kind: Endpoint, body: dict[str, Any]) -> Chat | None:
-    """A ``chat``, ``responses`` or ``messages`` body as the chat its replica renders (None when
-    the body is not one the replica would serve)."""
+    """A ``chat``, ``responses``, ``messages`` or Gemini body as the chat its replica renders
+    (None when the body is not one the replica would serve)."""
     try:
+        if kind in ("gemini", "cached_contents"):
+            gemini = (GenerateContentRequest if kind == "gemini" else CachedContentRequest).model_validate(
+                body
+            )
+            return gemini_messages(gemini.system_instruction, gemini.contents), None
         if kind == "messages":
             request = MessagesRequest.model_validate(body)
             extra = request.model_extra or {}

@@ -10,7 +10,10 @@ namespace share a slot and a chain lookup stays one round trip on one node):
                                         or restarts, so the entries it had stop counting
     ``{prefix}{route}:resp:{tenant}:{id}``  the replica that answered a Responses request of
                                         that id (tenant: a digest); TTL ``--route-ttl``. A
-                                        request continuing it goes there (affinity).
+                                        request continuing it goes there (affinity). The same
+                                        for a tenant's ``prompt_cache_key:{key}``, and for its
+                                        named cache ``cachedContents/{id}`` (TTL: the cache's
+                                        expiry): the replica holding it.
     ``{prefix}{route}:inflight``       hash: ``"{router}|{replica}"`` -> requests in flight that
                                         router sent; ``"{router}|@"`` -> its last heartbeat (Unix
                                         seconds). A router silent for ``STALE_ROUTER_S`` seconds
@@ -133,6 +136,10 @@ class RouteIndex:
     def remember_response(self, tenant: str, response_id: str, replica: str, ttl_s: int) -> None:
         """``replica`` answered ``tenant``'s response ``response_id``."""
         self.client.set(self.response_key(tenant, response_id), replica, ex=ttl_s)
+
+    def forget_response(self, tenant: str, response_id: str) -> None:
+        """Forget which replica holds ``tenant``'s ``response_id``."""
+        self.client.delete(self.response_key(tenant, response_id))
 
     def response_replica(self, tenant: str, response_id: str) -> str | None:
         """The replica that answered ``tenant``'s response ``response_id`` (None: not known)."""

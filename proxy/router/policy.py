@@ -27,9 +27,10 @@ Policy = Literal["cache-aware", "least-loaded", "round-robin"]
 Decision = Literal["affinity", "balance", "fallback", "least_loaded", "round_robin", "retry"]
 """Why a replica was chosen (the ``x-kvproxy-route`` header and the metric label); ``retry``: a
 second replica after the first failed before its first byte."""
-Endpoint = Literal["chat", "completions", "responses", "messages"]
+Endpoint = Literal["chat", "completions", "responses", "messages", "gemini", "cached_contents"]
 """Which route a request came to (what the prompt is made of): chat and legacy completions, the
-Responses API, Anthropic's Messages API."""
+Responses API, Anthropic's Messages API, Gemini's ``generateContent`` (and its stream), and
+Gemini's ``cachedContents`` create (a named cache's content: a prompt's start)."""
 
 
 @dataclass(frozen=True)

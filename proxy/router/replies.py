@@ -23,7 +23,9 @@ def sse_data(event: bytes) -> dict[str, Any] | None:
 
 def delta_text(kind: Endpoint, doc: dict[str, Any]) -> str:
     """The text a streamed event adds to the reply ("" when none): choice 0's delta, a Responses
-    ``response.output_text.delta``, a Messages ``text_delta``."""
+    ``response.output_text.delta``, a Messages ``text_delta``, a Gemini chunk's candidate 0."""
+    if kind == "gemini":
+        return _candidate_text(doc) or ""
     if kind == "responses":
         text = doc.get("delta") if doc.get("type") == "response.output_text.delta" else None
     elif kind == "messages":
@@ -43,7 +45,11 @@ def delta_text(kind: Endpoint, doc: dict[str, Any]) -> str:
 
 def reply_text(kind: Endpoint, doc: dict[str, Any]) -> str | None:
     """The text of a whole answer (choice 0, the Responses output messages, the Messages text
-    blocks); None when it has none."""
+    blocks, Gemini's candidate 0); None when it has none."""
+    if kind == "gemini":
+        return _candidate_text(doc)
+    if kind == "cached_contents":
+        return None  # NOTE: a named cache's description, no reply
     if kind in ("responses", "messages"):
         parts = (
             doc.get("content")
@@ -70,7 +76,18 @@ def reply_text(kind: Endpoint, doc: dict[str, Any]) -> str | None:
 
 def reply_usage(kind: Endpoint, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The usage a body or event reports, as chat completions count it (``prompt_tokens``,
-    ``prompt_tokens_details.cached_tokens``); None when it reports none."""
+    ``prompt_tokens_details.cached_tokens``); None when it reports none. Gemini's
+    ``usageMetadata`` (``promptTokenCount``, ``cachedContentTokenCount``) is in every chunk of a
+    stream, cumulative."""
+    if kind in ("gemini", "cached_contents"):
+        meta = doc.get("usageMetadata") if kind == "gemini" else None
+        if not isinstance(meta, dict):
+            return None
+        cached = meta.get("cachedContentTokenCount")
+        return {
+            "prompt_tokens": meta.get("promptTokenCount"),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
     if kind == "responses":
         usage = (doc.get("response") if "response" in doc else doc) or {}
         usage = usage.get("usage") if isinstance(usage, dict) else None
@@ -116,3 +133,14 @@ def _choice(choices: object) -> dict[str, Any] | None:
         if isinstance(choice, dict) and choice.get("index", 0) == 0:
             return choice
     return None
+
+
+def _candidate_text(doc: dict[str, Any]) -> str | None:
+    """The text parts of a Gemini answer's candidate 0, joined (None: no such candidate)."""
+    candidates = doc.get("candidates")
+    first = candidates[0] if isinstance(candidates, list) and candidates else None
+    content = first.get("content") if isinstance(first, dict) else None
+    parts = content.get("parts") if isinstance(content, dict) else None
+    if not isinstance(parts, list):
+        return None
+    return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))

@@ -21,7 +21,8 @@ from proxy.router.policy import Choice, Endpoint, Thresholds, choose
 from proxy.router.replicas import Replica, Replicas
 from proxy.router.settings import RouteSettings
 from store.breaker import CircuitBreaker
-from store.index.redis.connect import REDIS_ERRORS
+from store.index.redis.connect import REDIS_ERRORS, redact_url
+from store.index.redis.faults import RedisPlace, redis_fault
 
 log = logging.getLogger("route")
 T = TypeVar("T")
@@ -126,14 +127,25 @@ class Router:
             ttl = self.settings.route_ttl
             await self._redis(self.index.record, key.namespace, hashes, replica.url, replica.epoch, ttl)
 
-    async def remember_response(self, tenant: str, response_id: str, replica: Replica) -> None:
-        """``replica`` answered ``tenant``'s response ``response_id``: its continuations go there."""
+    async def remember_response(
+        self, tenant: str, response_id: str, replica: Replica, ttl_s: int | None = None
+    ) -> None:
+        """``replica`` answered ``tenant``'s response ``response_id`` (or holds what that id
+        names, such as a named cache): its continuations go there. Remembered for ``ttl_s``
+        seconds (``--route-ttl`` by default) in the shared index, and here the latest
+        ``LOCAL_RESPONSES`` (for as long as Redis is off or down)."""
         self.responses[(tenant, response_id)] = replica.url
         while len(self.responses) > LOCAL_RESPONSES:
             self.responses.popitem(last=False)
         if self.index is not None:
-            ttl = self.settings.route_ttl
+            ttl = self.settings.route_ttl if ttl_s is None else ttl_s
             await self._redis(self.index.remember_response, tenant, response_id, replica.url, ttl)
+
+    async def forget_response(self, tenant: str, response_id: str) -> None:
+        """Forget where ``tenant``'s ``response_id`` is (it was deleted)."""
+        self.responses.pop((tenant, response_id), None)
+        if self.index is not None:
+            await self._redis(self.index.forget_response, tenant, response_id)
 
     async def response_replica(self, tenant: str, response_id: str) -> str | None:
         """The replica that answered ``tenant``'s response ``response_id``, if known."""
@@ -186,7 +198,8 @@ class Router:
             result = await asyncio.to_thread(fn, *args)
         except REDIS_ERRORS as exc:
             if self.breaker.failure():
-                log.warning("Redis unreachable (%s): routing on local counts until it answers", exc)
+                place = RedisPlace(redact_url(self.settings.redis_url), self.settings.redis_timeout)
+                log.warning("%s. Routing on local counts until it answers.", redis_fault(exc, place))
             return None
         if self.breaker.success():
             log.info("Redis answers again: shared routing resumed")

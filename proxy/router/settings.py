@@ -4,6 +4,7 @@ routing policy. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<fiel
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 
@@ -14,6 +15,8 @@ from store.index.redis.connect import redact_url
 
 class RouteSettings(ServerSettings):
     """Everything ``kvproxy route`` can be told (``docs/router.md`` explains each)."""
+
+    command: ClassVar[str] = "kvproxy route"
 
     port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
     upstream: str = Field(

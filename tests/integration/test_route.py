@@ -37,19 +37,21 @@ def replica_app(settings, tiny_model, i: int, tmp_path):
 @contextmanager
 def cluster(settings, tiny_model, tmp_path, routers=1, hashing="tokens", **options):
     """Three fresh replicas behind ``routers`` routers on one Redis, hashing prompts as token ids
-    (the tiny model's tokenizer) or as text; yields (routers, replicas)."""
+    (the tiny model's tokenizer) or as text (``options``: more of the routers' settings, or other
+    values, such as ``redis_url="memory://"`` for routers without Redis); yields (routers,
+    replicas)."""
     with ExitStack() as stack:
         replicas = [
             stack.enter_context(ServerThread(replica_app(settings, tiny_model, i, tmp_path)))
             for i in range(3)
         ]
-        route = RouteSettings(
-            upstream=",".join(f"{r.base_url}/v1" for r in replicas),
-            redis_url=settings.redis_url,
-            key_prefix=f"{settings.key_prefix}route:",
-            health_interval=0.5,
-            **options,
-        )
+        given = {
+            "upstream": ",".join(f"{r.base_url}/v1" for r in replicas),
+            "redis_url": settings.redis_url,
+            "key_prefix": f"{settings.key_prefix}route:",
+            "health_interval": 0.5,
+        }
+        route = RouteSettings(**(given | options))
         identity = Identity(tiny_model.tokenizer, "tiny") if hashing == "tokens" else Identity(None)
         fronts = [
             stack.enter_context(ServerThread(create_route_app(route, identity))) for _ in range(routers)

@@ -82,6 +82,8 @@ def test_responses_conversation_sticks_to_its_replica_and_hits(routed) -> None:
 
 
 def test_tokenize_detokenize_count_tokens_and_version_pass_through(routed) -> None:
+    """``/tokenize``, ``/detokenize``, ``count_tokens``, ``/version`` and ``/v1/models/{id}``
+    answer through the router as the replicas answer them."""
     front, replicas = routed
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
     via = httpx.post(f"{front.base_url}/tokenize", json=body).json()
@@ -96,6 +98,10 @@ def test_tokenize_detokenize_count_tokens_and_version_pass_through(routed) -> No
     assert (
         httpx.get(f"{front.base_url}/version").json() == httpx.get(f"{replicas[0].base_url}/version").json()
     )
+    client = OpenAI(base_url=f"{front.base_url}/v1", api_key="x", max_retries=0)
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
 
 
 def test_each_dialect_hashes_as_the_replica_renders(routed, tiny_model) -> None:

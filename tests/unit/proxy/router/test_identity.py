@@ -90,3 +90,37 @@ def test_a_chat_with_tools_hashes_as_the_replica_renders_it(tiny_model) -> None:
     replica = chat_prompt(engine, request, chat_tools(request)).ids  # type: ignore[arg-type]
     key = Identity(tiny_model.tokenizer, "fp").prompt("chat", body, "t")
     assert list(key.units) == replica and key.block_size == BLOCK_SIZE
+
+
+def gemini_body(*texts: str, system: str | None = None, **extra: object) -> dict[str, object]:
+    """A Gemini body: a user content per text (as the SDK writes it), its system instruction."""
+    contents = [{"role": "user", "parts": [{"text": t}]} for t in texts]
+    return (
+        {"contents": contents}
+        | ({"systemInstruction": {"parts": [{"text": system}]}} if system else {})
+        | extra
+    )
+
+
+def test_a_gemini_body_hashes_as_the_same_chat() -> None:
+    """Gemini's contents and system instruction are the chat the replica renders: as text, its
+    key is the chat's; the model comes from the path (given), not the body."""
+    identity = Identity(None)
+    body = gemini_body("x" * 600, system="be brief")
+    as_chat = chat({"role": "system", "content": "be brief"}, {"role": "user", "content": "x" * 600})
+    assert identity.prompt("gemini", body, "t", "m").hashes == identity.prompt("chat", as_chat, "t").hashes
+    assert (
+        identity.prompt("gemini", body, "t", "other").hashes != identity.prompt("chat", as_chat, "t").hashes
+    )
+
+
+def test_a_named_caches_content_starts_the_prompts_that_follow_it(tiny_model) -> None:
+    """With the tokenizer, a ``cachedContents`` body's ids are the content as the replica pins it
+    (no generation prompt), the start of a prompt that brings it followed by a question."""
+    identity = Identity(tiny_model.tokenizer, "fp")
+    content = identity.prompt(
+        "cached_contents", gemini_body("x " * 400, system="doc", model="models/m"), "t", "m"
+    )
+    follow = identity.prompt("gemini", gemini_body("x " * 400, "why?", system="doc"), "t", "m")
+    assert len(content.hashes) >= 2 and follow.hashes[: len(content.hashes)] == content.hashes
+    assert follow.units[: len(content.units)] == content.units
