@@ -4,8 +4,13 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import logging
+import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -15,16 +20,47 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from proxy.setting_values import Bytes, key_file
 from store.index.redis.connect import SCHEMES, check_url, redact_url
 
+log = logging.getLogger(__name__)
+
+PREFIX = "KVPROXY_"
+READ_ELSEWHERE = frozenset({"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL"})
+"""``KVPROXY_*`` variables that name no setting but are read on purpose: ``kvproxy cache``'s
+``--api-key`` and the tests' Redis (``tests/conftest.py``)."""
+
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "kvproxy"
+
+
+def unknown_variables(command: str, fields: Iterable[str], environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``KVPROXY_*`` variable of ``environ`` that names none of ``fields`` (the
+    settings of ``command``), naming the setting it probably meant where one is close."""
+    known = {name.upper() for name in fields}
+    warnings = []
+    for variable in sorted(environ):
+        # NOTE: pydantic-settings reads the names case-insensitively, so they are compared so too
+        name = variable.upper().removeprefix(PREFIX)
+        if not variable.upper().startswith(PREFIX) or name in known or variable.upper() in READ_ELSEWHERE:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        meant = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
+        warnings.append(f"{variable} is not a setting of {command}: ignored{meant}")
+    return warnings
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """Log ``message`` once per process, however many times the settings are read."""
+    log.warning("%s", message)
 
 
 class ServerSettings(BaseSettings):
     """What both commands are told: where to listen, the Redis, keys and request bounds."""
 
     # NOTE: no NaN or infinity: a float setting that is not a number is refused as such
-    model_config = SettingsConfigDict(env_prefix="KVPROXY_", extra="ignore", allow_inf_nan=False)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", allow_inf_nan=False)
+    command: ClassVar[str] = "kvproxy"
+    """The command these settings are of, as the warnings about unknown variables name it."""
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
@@ -69,6 +105,16 @@ class ServerSettings(BaseSettings):
         5.0, gt=0, description="Seconds to serve uncached after a Redis failure before trying again."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _warn_unknown_variables(cls, data: Any) -> Any:
+        """A misspelt ``KVPROXY_*`` variable is ignored (``extra="ignore"``), but never without a
+        word: before the fields are validated, so a required setting missing for a typo gets its
+        hint too."""
+        for message in unknown_variables(cls.command, cls.model_fields, os.environ):
+            _warn_once(message)
+        return data
+
     @field_validator("admin_key")
     @classmethod
     def _key_or_file(cls, value: str | None) -> str | None:
@@ -91,6 +137,8 @@ class ServerSettings(BaseSettings):
 
 class Settings(ServerSettings):
     """Everything ``kvproxy serve`` can be told; read once at start-up by the CLI or the app factory."""
+
+    command: ClassVar[str] = "kvproxy serve"
 
     model: str = Field(
         "smollm2-135m-instruct",
@@ -162,7 +210,11 @@ class Settings(ServerSettings):
         "the dtype is float32, the device the CPU and a C++ compiler is found, else full.",
     )
     decode_threads: int | None = Field(
-        None, ge=1, le=1024, description="Threads of the native decode step (default: torch's, the cores)."
+        None,
+        ge=1,
+        le=1024,
+        description="Threads of the native decode step (default: torch's, the cores); they share each step's "
+        "work as they run, so a busy core does not hold a step up.",
     )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     default_max_tokens: int = Field(

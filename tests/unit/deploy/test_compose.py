@@ -15,6 +15,7 @@ from proxy.router.settings import RouteSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 FIELDS = {f"KVPROXY_{name.upper()}" for name in Settings.model_fields}
+IMAGE = "kvproxy:local"
 
 
 def compose() -> dict:
@@ -25,14 +26,44 @@ def proxies() -> dict:
     return {name: s for name, s in compose()["services"].items() if name.startswith("proxy")}
 
 
+def kvproxy_services() -> dict:
+    """The services that run kvproxy's image (every one but Redis, Prometheus and Grafana)."""
+    return {name: s for name, s in compose()["services"].items() if s["image"] == IMAGE}
+
+
 def test_services_and_dependencies() -> None:
-    """redis with a healthcheck; two proxy replicas built here, waiting for a healthy redis."""
+    """redis with a healthcheck; two proxy replicas with healthchecks, waiting for a healthy redis,
+    the admin key and the model."""
     services = compose()["services"]
-    assert set(services) == {"keys", "redis", "proxy", "proxy-2", "router", "prometheus", "grafana"}
+    assert set(services) == {"model", "keys", "redis", "proxy", "proxy-2", "router", "prometheus", "grafana"}
     assert "healthcheck" in services["redis"]
     for proxy in proxies().values():
-        assert proxy["build"] == "." and "healthcheck" in proxy
+        assert "healthcheck" in proxy
         assert proxy["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert proxy["depends_on"]["model"]["condition"] == "service_completed_successfully"
+
+
+def test_one_image_is_built_for_every_kvproxy_service() -> None:
+    """One service builds kvproxy:local from this checkout; the others run that image and build
+    nothing, so `docker compose build` builds it once (not once per service)."""
+    services = compose()["services"]
+    builders = {name for name, s in services.items() if "build" in s}
+    assert builders == {"model"} and services["model"]["build"] == "."
+    assert set(kvproxy_services()) == {"model", "keys", "proxy", "proxy-2", "router"}
+
+
+def test_the_model_is_fetched_before_the_replicas_start() -> None:
+    """The one-shot `model` service fetches and converts, into the models volume, the model the
+    replicas serve and the router renders prompts with; no healthcheck times it."""
+    services = compose()["services"]
+    model = services["model"]
+    served = {s["environment"]["KVPROXY_MODEL"] for s in proxies().values()}
+    assert served == {services["router"]["environment"]["KVPROXY_TOKENIZER"]}
+    assert model["command"] == ["kvproxy", "models", "fetch", *served] and model["restart"] == "no"
+    assert mounts(model)[model["environment"]["KVPROXY_CACHE_DIR"]] == "models"
+    assert {mounts(proxy)[model["environment"]["KVPROXY_CACHE_DIR"]] for proxy in proxies().values()} == {
+        "models"
+    }
 
 
 def test_redis_is_configured_as_a_cache_index() -> None:
@@ -78,10 +109,59 @@ def test_replicas_share_blobs_and_publish_distinct_ports() -> None:
     assert len(set(published)) == 2
 
 
-def test_dockerfile_env_names_are_settings_fields() -> None:
-    text = (ROOT / "Dockerfile").read_text()
-    names = {word.split("=")[0] for word in text.split() if word.startswith("KVPROXY_")}
-    assert names and names <= FIELDS, names - FIELDS
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def instructions() -> list[tuple[str, str]]:
+    """The Dockerfile's instructions as (keyword, arguments), continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", re.sub(r"^\s*#.*\n", "", dockerfile(), flags=re.M))
+    return [(line.split()[0].upper(), line.partition(" ")[2]) for line in text.splitlines() if line.strip()]
+
+
+def test_dockerfile_env_names_are_settings_of_both_commands() -> None:
+    """The image runs `kvproxy serve` and `kvproxy route`: its KVPROXY_* variables are settings of
+    both (a variable that is no setting of the command started is warned about)."""
+    route_fields = {f"KVPROXY_{name.upper()}" for name in RouteSettings.model_fields}
+    names = {word.split("=")[0] for k, args in instructions() if k == "ENV" for word in args.split()}
+    assert names and names <= FIELDS & route_fields, names - (FIELDS & route_fields)
+
+
+def test_dockerfile_installs_dependencies_before_the_sources_and_declares_no_volume() -> None:
+    """Every `pip install` of dependencies comes before the first source is copied, the project
+    itself is installed --no-deps (a code change reinstalls it alone), and no VOLUME makes an
+    anonymous volume per container."""
+    steps = instructions()
+    keywords = [k for k, _ in steps]
+    assert "VOLUME" not in keywords
+    first_source = next(i for i, (k, args) in enumerate(steps) if k == "COPY" and args.startswith("hashing"))
+    installs = [(i, args) for i, (k, args) in enumerate(steps) if k == "RUN" and "pip install" in args]
+    (project,) = [i for i, args in installs if args.rstrip().endswith(" .")]
+    assert "--no-deps" in steps[project][1] and project > first_source
+    assert all(i < first_source for i, _ in installs if i != project)
+
+
+def test_torch_comes_from_a_build_argument_defaulting_to_the_cpu_index() -> None:
+    """TORCH_INSTALL names where pip takes torch: PyTorch's CPU index unless overridden (a wheel
+    put in deploy/wheels/, which the build context lets in and git ignores)."""
+    args = dict(a.split("=", 1) for k, a in instructions() if k == "ARG")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in args["TORCH_INSTALL"]
+    assert any(k == "RUN" and "pip install --no-cache-dir $TORCH_INSTALL" in a for k, a in instructions())
+    assert "!deploy/wheels/" in (ROOT / ".dockerignore").read_text().split()
+    assert "deploy/wheels/*.whl" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_the_build_context_is_what_the_dockerfile_copies() -> None:
+    """.dockerignore leaves out everything but the sources the Dockerfile copies, so .git, tests,
+    docs and any virtualenv or cache in the checkout stay out of the build context."""
+    lines = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
+    assert lines[0] == "*"
+    let_in = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    copied = set()
+    for keyword, args in instructions():
+        if keyword == "COPY" and not args.startswith("--from"):
+            copied |= {source.rstrip("/") for source in args.split()[:-1]}
+    assert copied == let_in
 
 
 def test_the_router_fronts_both_replicas(tmp_path) -> None:
