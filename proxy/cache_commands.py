@@ -190,14 +190,16 @@ def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_admin(**flags: Any) -> Any:
-    """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis is down."""
+    """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis does not
+    answer, saying why (too slow, not there, refused credentials)."""
     from proxy.stores import open_admin as open_store_admin
+    from proxy.stores import redis_trouble
 
     settings = load_settings(**flags)
     logging.getLogger("store").setLevel(logging.CRITICAL)  # NOTE: a command says what failed itself
     admin = open_store_admin(settings)
     if admin.health() != "ok":
-        fail(f"Redis at {redact_url(settings.redis_url)} is unreachable; set --redis-url")
+        fail(redis_trouble(settings))
     return admin
 
 

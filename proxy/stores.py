@@ -20,7 +20,8 @@ from store.blobs.file import FileBlobStore
 from store.blobs.tiered import TieredBlobStore
 from store.cache import BlockCache
 from store.index.base import BlockIndex
-from store.index.redis.connect import redact_url
+from store.index.redis.connect import redact_url, redis_client
+from store.index.redis.faults import RedisPlace, ping_fault
 from store.interface import KVSpec
 from store.parts import CacheOptions, StoreParts
 
@@ -70,9 +71,27 @@ def open_blobs(settings: Settings) -> BlobBackend:
     return TieredBlobStore(blobs, local, budget_bytes=settings.blob_disk_cache_bytes)
 
 
+def redis_place(settings: Settings) -> RedisPlace:
+    """``--redis-url`` (redacted) and ``--redis-timeout``, as Redis warnings name them."""
+    return RedisPlace(redact_url(settings.redis_url), settings.redis_timeout)
+
+
+def redis_trouble(settings: Settings) -> str:
+    """Why Redis does not answer now, for an operator: too slow, not there, refused credentials
+    (``store.index.redis.faults``); asked with one PING of its own."""
+    place = redis_place(settings)
+    fault = ping_fault(redis_client(settings.redis_url, settings.redis_timeout), place)
+    return str(fault) if fault is not None else f"{place.name} did not answer a moment ago"
+
+
 def open_admin(settings: Settings) -> StoreAdmin:
     """The administrative view of the cache ``settings`` point at (no model, no writer)."""
-    parts = StoreParts.open(open_index(settings), open_blobs(settings), cooldown_s=settings.redis_retry)
+    parts = StoreParts.open(
+        open_index(settings),
+        open_blobs(settings),
+        cooldown_s=settings.redis_retry,
+        redis=redis_place(settings),
+    )
     return StoreAdmin(parts, cache_options(settings, budget=None))
 
 
@@ -87,6 +106,7 @@ def cache_options(settings: Settings, budget: int | None) -> CacheOptions:
         gc_grace_s=settings.gc_grace,
         pin_memory=torch.device(settings.device).type == "cuda",
         tails=not settings.no_tails,
+        redis=redis_place(settings),
     )
 
 
@@ -119,8 +139,7 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
         )
     if cache.admin.health() != "ok":
         log.warning(
-            "Redis at %s is unreachable: serving uncached for now. Start it (redis-server) or set "
-            "KVPROXY_REDIS_URL / --redis-url; caching starts on its own once it answers.",
-            redact_url(settings.redis_url),
+            "%s. Serving uncached for now; caching starts on its own once it answers.",
+            redis_trouble(settings),
         )
     return cache

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import ServerThread
+from tests.helpers import HANG_S, ServerThread
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Api:
     def flush(self) -> None:
         """Wait until background saves are on disk and in the index."""
         if self.cache is not None:
-            assert self.cache.flush(60)
+            assert self.cache.flush(HANG_S)
 
     def complete(
         self, prompt: list[int] | tuple[int, ...], max_tokens: int = 8, stream: bool = False, **extra: Any

@@ -104,13 +104,19 @@ def make_cache(redis_client: redis.Redis, key_prefix: str, tmp_path: Path) -> Ca
 @pytest.fixture
 def settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
     """Settings of a test server: this test's Redis (``redis_url``), key prefix and blob dir; its
-    admin routes open to anonymous clients (``--allow-anonymous-admin``: one test, one user)."""
+    admin routes open to anonymous clients (``--allow-anonymous-admin``: one test, one user).
+
+    NOTE: a Redis reply or a blob read later than the defaults (0.25 s, 5 s) is a fault that turns
+    hits into misses; on a loaded machine that would fail tests that count hits, so here they are
+    bounds on a hang. Tests of those faults set their own."""
     return Settings(
         redis_url=redis_url,
         key_prefix=key_prefix,
         blob_dir=tmp_path / "blobs",
         cache_dir=tmp_path,
         allow_anonymous_admin=True,
+        redis_timeout=5.0,
+        cache_read_timeout=30.0,
     )
 
 

@@ -47,6 +47,11 @@ SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
 """A small K/V layout for store tests that need no model."""
 NS = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
 GREEDY = SamplingParams(temperature=0.0)
+HANG_S = 300.0
+"""Seconds a test waits for background work it needs (a flush of the cache's writer, a server
+starting, a collector's pass) before it calls it a hang. NOTE: generous on purpose: the cache's
+background threads run at the lowest CPU priority (``store.background``), so on a busy machine they
+are the last to run; a loaded machine must only make a test wait longer, never fail it."""
 
 
 class Clock:
@@ -280,7 +285,7 @@ def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tenso
     return logits, prefix.cached_tokens, prefix.past.get_seq_length()
 
 
-def wait_for(condition: Callable[[], Any], timeout_s: float = 60.0, what: str = "the condition") -> Any:
+def wait_for(condition: Callable[[], Any], timeout_s: float = HANG_S, what: str = "the condition") -> Any:
     """Poll ``condition`` until it returns something truthy (returned) or ``timeout_s`` passes
     (then fail naming ``what``). NOTE: tests wait for what they need, never for a fixed time: a
     loaded machine only makes them wait longer; the timeout is a bound on a hang, not a speed."""
@@ -314,7 +319,7 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("test server did not start")
@@ -323,7 +328,7 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
-        self.thread.join(60)
+        self.thread.join(HANG_S)
 
 
 class RedisServer:
@@ -353,20 +358,20 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while True:
             try:
                 client.ping()
                 return self
             except redis.ConnectionError:
-                if time.monotonic() > deadline:
+                if self.process.poll() is not None or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 
     def stop(self) -> None:
         if self.process is not None:
             self.process.terminate()
-            self.process.wait(10)
+            self.process.wait(HANG_S)
             self.process = None
 
 

@@ -48,7 +48,8 @@ def _node_args(port: int) -> list[str]:
     return ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
 
 
-def _wait(check, what: str, timeout_s: float = 30.0) -> None:
+def _wait(check, what: str, timeout_s: float = 120.0) -> None:
+    """Poll ``check`` until it is true; ``timeout_s`` only bounds a hang (a busy machine starts slowly)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -76,12 +77,12 @@ class _Servers:
         """SIGKILL the server on ``port`` (a cluster master's slots then stay uncovered: the local
         cluster has no replicas)."""
         self.processes[port].kill()
-        self.processes[port].wait(10)
+        self.processes[port].wait(60)
 
     def stop(self) -> None:
         for process in self.processes.values():
             process.kill()
-            process.wait(10)
+            process.wait(60)
 
 
 class LocalCluster(_Servers):
@@ -200,11 +201,10 @@ class LocalS3:
         _wait(
             lambda: httpx.get(f"{self.url}/moto-api/", timeout=1),
             "moto's S3 server (pip install 'moto[server]')",
-            60,
         )
         return self
 
     def stop(self) -> None:
         if self.process is not None:
             self.process.terminate()
-            self.process.wait(10)
+            self.process.wait(60)

@@ -26,6 +26,8 @@ from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
 from pydantic import BaseModel
 
+from tests.helpers import HANG_S
+
 MODEL = "smollm2-135m-instruct"
 # NOTE: greedy, as agent loops run: a 135M model sampled at temperature 1 can write a string
 # argument until max_tokens, which no grammar can close in time (every client below runs greedy)
@@ -301,4 +303,4 @@ def test_agent_loop_reuses_system_tools_and_history(settings, default_model, ser
                 messages.append({"role": "assistant", "content": message.content})
                 messages.append({"role": "user", "content": "Now check it with a tool."})
             before = usage.prompt_tokens
-            warm.app.state.engine.flush_saves(30)
+            assert warm.app.state.engine.flush_saves(HANG_S)

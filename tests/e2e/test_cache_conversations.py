@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import time
 
 from openai import OpenAI
 
 from hashing import BLOCK_SIZE
 from proxy.serving.ahead import next_turn_start
 from proxy.serving.rendering import render_chat
+from tests.helpers import HANG_S, wait_for
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = inspect.getdoc(argparse)
@@ -57,11 +57,12 @@ def end_of_answer(text: str, answers: int) -> int:
 
 def settle(server, turns: int) -> None:
     """Wait until the server computed the next-turn start of ``turns`` turns, and stored it."""
-    engine, deadline = server.app.state.engine, time.monotonic() + 60
-    while not (engine.ahead.submitted >= turns and engine.ahead.settled and engine.idle):
-        assert time.monotonic() < deadline, "render-ahead did not settle"
-        time.sleep(0.05)
-    engine.cache.flush(60)
+    engine = server.app.state.engine
+    wait_for(
+        lambda: engine.ahead.submitted >= turns and engine.ahead.settled and engine.idle,
+        what="render-ahead to settle",
+    )
+    assert engine.cache.flush(HANG_S)
 
 
 def test_each_turn_reuses_the_whole_conversation_so_far(settings, default_model, serve) -> None:

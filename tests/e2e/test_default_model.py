@@ -14,7 +14,7 @@ import httpx
 from openai import OpenAI
 
 from tests.conftest import REDIS_URL
-from tests.helpers import free_port
+from tests.helpers import HANG_S, free_port
 
 MODEL = "smollm2-135m-instruct"
 # NOTE: real prose that ships with Python, so the test needs no network and no data files.
@@ -67,7 +67,7 @@ def test_shared_system_prompt_hits_and_matches_no_cache(settings, default_model,
 
     with serve(settings, default_model) as server:
         first = ask(server, first_q)
-        server.app.state.engine.cache.flush(60)
+        assert server.app.state.engine.cache.flush(HANG_S)
         second = ask(server, second_q)
     with serve(settings.model_copy(update={"no_cache": True}), default_model) as baseline:
         cold = ask(baseline, second_q)
@@ -116,7 +116,7 @@ def test_kvproxy_serve_command(tmp_path, key_prefix) -> None:
         )
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(HANG_S)
     assert health["cache"] == "ok" and health["model"] == MODEL
     assert "Paris" in reply.choices[0].message.content
 

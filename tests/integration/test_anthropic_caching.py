@@ -14,7 +14,7 @@ import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from tests.helpers import TRAINING_TEXT
+from tests.helpers import HANG_S, TRAINING_TEXT
 
 SYSTEM = " ".join(TRAINING_TEXT) * 11  # about 1,050 tokens of the tiny tokenizer
 
@@ -85,7 +85,7 @@ def test_streamed_usage_equals_the_replys_in_langchain(settings, tiny_model, ser
                 reply = (
                     functools.reduce(operator.add, llm.stream(messages)) if stream else llm.invoke(messages)
                 )
-                server.app.state.engine.cache.flush(30)
+                assert server.app.state.engine.cache.flush(HANG_S)
                 reports.append((reply.usage_metadata, reply.content))
     (miss, hit, streamed_miss, streamed_hit) = reports
     assert streamed_miss == miss and streamed_hit == hit
@@ -104,14 +104,18 @@ def test_top_level_cache_control_and_explain(cached) -> None:
     url = f"{cached.server.base_url}/v1/messages"
     turn = [{"role": "user", "content": SYSTEM}]
     body = {"model": "tiny", "max_tokens": 4, "temperature": 0, "messages": turn}
-    first = httpx.post(url, json=body | {"cache_control": {"type": "ephemeral", "ttl": "1h"}}).json()
+    first = httpx.post(
+        url, json=body | {"cache_control": {"type": "ephemeral", "ttl": "1h"}}, timeout=120
+    ).json()
     assert first["usage"]["cache_creation"]["ephemeral_1h_input_tokens"] >= 7 * 128
     cached.flush()
     follow = [*turn, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
-    second = httpx.post(url, json=body | {"messages": follow}, headers={"x-kvproxy-explain": "1"})
+    second = httpx.post(
+        url, json=body | {"messages": follow}, headers={"x-kvproxy-explain": "1"}, timeout=120
+    )
     explained = second.json()["kvproxy_cache_explanation"]
     assert second.json()["usage"]["cache_read_input_tokens"] >= 7 * 128
     assert explained["cached_tokens"] == second.json()["usage"]["cache_read_input_tokens"]
     assert second.headers["x-kvproxy-cache"] in ("hit", "partial")
-    streamed = httpx.post(url, json=body | {"stream": True}, headers={"x-kvproxy-explain": "1"})
+    streamed = httpx.post(url, json=body | {"stream": True}, headers={"x-kvproxy-explain": "1"}, timeout=120)
     assert '"cached_tokens"' in streamed.headers["x-kvproxy-explain"]

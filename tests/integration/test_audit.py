@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 
 import httpx
 import pytest
@@ -15,18 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.model.loading import load_model
 from hashing import BLOCK_SIZE, block_hashes, tail_hash
 from tests.api import Api
-from tests.helpers import build_tiny_model, random_tokens
+from tests.helpers import build_tiny_model, random_tokens, wait_for
 
 
-def audited(server, timeout_s: float = 120, key: str | None = None) -> dict:
+def audited(server, key: str | None = None) -> dict:
     """The audit's figures (as ``key`` sees them) once every sampled hit has been audited."""
     engine = server.app.state.engine
-    deadline = time.monotonic() + timeout_s
-    while engine.audits_pending or not engine.idle:
-        assert time.monotonic() < deadline, "the audit did not catch up"
-        time.sleep(0.05)
+    wait_for(lambda: not engine.audits_pending and engine.idle, what="the audit to catch up")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.get(f"{server.base_url}/stats", headers=headers).json()["audit"]
+    return httpx.get(f"{server.base_url}/stats", headers=headers, timeout=60).json()["audit"]
 
 
 def metric(server, name: str) -> float:
@@ -83,7 +79,7 @@ def test_clean_hits_never_mismatch(settings, tiny_model, serve) -> None:
             hits += r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
             if i % 25 == 24:  # NOTE: audits run only in idle time; at most 32 wait for it
                 audited(server, key="adm")
-        audit = audited(server, timeout_s=300, key="adm")
+        audit = audited(server, key="adm")
         assert audit["dropped"] == 0
         assert hits > 250
         assert audit["checks"] == hits

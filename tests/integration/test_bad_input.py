@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 import httpx
 import pytest
 
-from tests.helpers import random_tokens
+from tests.helpers import HANG_S, random_tokens, wait_for
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]
@@ -257,27 +258,18 @@ def test_body_over_the_limit_is_413(settings, tiny_model, serve):
 def test_full_queue_answers_503_with_retry_after(settings, default_model, serve):
     """--max-queue 1, --max-batch 1: while one long prefill runs and one request waits, the next is
     told to retry."""
-    import time
-
     with serve(settings.model_copy(update={"max_queue": 1, "max_batch": 1}), default_model) as server:
         url = f"{server.base_url}{COMPLETIONS}"
         body = {"model": default_model.name, "prompt": random_tokens(2000, seed=1), "max_tokens": 1}
         engine = server.app.state.engine
-
-        def wait_for(condition) -> None:
-            deadline = time.monotonic() + 30
-            while not condition():
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-
-        send = lambda: httpx.post(url, json=body, timeout=120)  # noqa: E731
+        send = lambda: httpx.post(url, json=body, timeout=HANG_S)  # noqa: E731
         running = threading.Thread(target=send)
         running.start()
-        wait_for(lambda: not engine.idle and engine.queue_depth == 0)  # the first is running
+        wait_for(lambda: not engine.idle and engine.queue_depth == 0, what="the first to run")
         waiting = threading.Thread(target=send)
         waiting.start()
-        wait_for(lambda: engine.queue_depth == 1)  # the second is waiting
-        r = httpx.post(url, json=body)
+        wait_for(lambda: engine.queue_depth == 1, what="the second to wait")
+        r = httpx.post(url, json=body, timeout=HANG_S)
         running.join()
         waiting.join()
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
@@ -287,23 +279,19 @@ def test_full_queue_answers_503_with_retry_after(settings, default_model, serve)
 def test_a_waiting_client_that_leaves_frees_its_place(settings, default_model, serve):
     """--max-queue 1, --max-batch 1: B waits behind a long prefill and gives up; C then gets the
     place, not a 503."""
-    import time
-
     with serve(settings.model_copy(update={"max_queue": 1, "max_batch": 1}), default_model) as server:
         url = f"{server.base_url}{COMPLETIONS}"
         long = {"model": default_model.name, "prompt": random_tokens(2000, seed=2), "max_tokens": 1}
         engine = server.app.state.engine
-        running = threading.Thread(target=lambda: httpx.post(url, json=long, timeout=120))
+        running = threading.Thread(target=lambda: httpx.post(url, json=long, timeout=HANG_S))
         running.start()
-        while engine.idle or engine.queue_depth:  # until A runs
-            time.sleep(0.01)
-        try:
-            httpx.post(url, json=long, timeout=0.5)  # B gives up while waiting
-        except httpx.TimeoutException:
-            pass
-        deadline = time.monotonic() + 5
-        while engine.queue_depth and time.monotonic() < deadline:  # B's disconnect is noticed
-            time.sleep(0.05)
-        c = httpx.post(url, json=long | {"prompt": random_tokens(50, seed=3)}, timeout=120)
+        wait_for(lambda: not engine.idle and engine.queue_depth == 0, what="A to run")
+        payload = json.dumps(long).encode()
+        head = f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        with socket.create_connection(("127.0.0.1", server.port)) as b:  # B: gives up while waiting
+            b.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            wait_for(lambda: engine.queue_depth == 1, what="B to wait")
+        wait_for(lambda: engine.queue_depth == 0, what="B's leaving to be noticed")
+        c = httpx.post(url, json=long | {"prompt": random_tokens(50, seed=3)}, timeout=HANG_S)
         running.join()
     assert c.status_code == 200

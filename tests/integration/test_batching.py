@@ -4,7 +4,6 @@ alone; a short request is never stuck behind another's whole generation."""
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -14,7 +13,7 @@ from engine.buffers import BufferPool
 from engine.forward import decode_batch, decode_step, prefill
 from engine.kv import past_from_blocks
 from engine.worker import Engine
-from tests.helpers import random_tokens
+from tests.helpers import random_tokens, wait_for
 
 
 def test_a_batched_decode_step_equals_each_row_alone(tiny_model) -> None:
@@ -94,8 +93,7 @@ def test_a_short_request_is_not_held_up_by_a_long_prefill(settings, default_mode
 
         a = threading.Thread(target=send, args=("A", 2000))
         a.start()
-        while engine.running == 0:  # until A is admitted
-            time.sleep(0.01)
+        wait_for(lambda: engine.running, what="A to be admitted")
         send("B", 20)
         a.join()
     assert done == ["B", "A"]

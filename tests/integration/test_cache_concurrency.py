@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,7 +11,7 @@ import httpx
 
 from hashing import block_hashes
 from tests.api import Api
-from tests.helpers import random_tokens
+from tests.helpers import random_tokens, wait_for
 
 
 def check_store_is_consistent(api: Api, settings, redis_client, key_prefix: str) -> None:
@@ -48,27 +50,33 @@ def test_simultaneous_clients_get_their_own_cold_answers(cached, cold, settings,
     check_store_is_consistent(cached, settings, redis_client, key_prefix)
 
 
-def wait_idle(api: Api, limit_s: float = 30.0) -> float:
+def wait_idle(api: Api) -> float:
+    """Seconds until the engine is idle (printed by the tests, never asserted)."""
     start = time.monotonic()
-    while not api.engine.idle:
-        assert time.monotonic() - start < limit_s, "generation did not stop"
-        time.sleep(0.02)
+    wait_for(lambda: api.engine.idle, what="generation to stop")
     return time.monotonic() - start
 
 
+def abandon_once_computing(api: Api, body: dict) -> None:
+    """Send ``body`` to ``/v1/completions`` and close the connection once the engine has admitted
+    it (however long that took), unanswered."""
+    payload = json.dumps(body).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", api.server.port)) as client:
+        client.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        wait_for(lambda: api.engine.running, what="the engine to admit the request")
+
+
 def test_client_leaving_during_prefill_stops_it(settings, default_model, serve, redis_client, key_prefix):
-    """A 2,000-token prompt abandoned one second in: its prefill is not finished, nothing partial is
-    stored, and the worker is free again within about a second."""
+    """A 2,000-token prompt abandoned during its prefill: the prefill is not finished, nothing
+    partial is stored, and the worker goes idle again."""
     prompt = random_tokens(2000, seed=41)
     with serve(settings, default_model) as server:
         api = Api(server, model=default_model.name)
         body = {"model": default_model.name, "prompt": prompt, "max_tokens": 50}
         for stream in (False, True):
             before = api.engine.stats().prefill_tokens
-            try:
-                httpx.post(f"{server.base_url}/v1/completions", json=body | {"stream": stream}, timeout=1.0)
-            except httpx.TimeoutException:
-                pass  # the client gives up and closes its connection
+            abandon_once_computing(api, body | {"stream": stream})
             waited = wait_idle(api)
             print(f"stream={stream}: worker idle {waited:.2f} s after the client left during prefill")
             assert api.engine.stats().prefill_tokens == before  # prefill never completed

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.app import create_app
 from tests.api import Api
-from tests.helpers import ServerThread, random_tokens
+from tests.helpers import HANG_S, ServerThread, random_tokens
 from tests.topologies import LocalCluster
 
 PROMPT = random_tokens(600, seed=71)  # four full blocks and a tail
@@ -66,7 +66,7 @@ def test_a_namespace_stays_on_one_node_and_tenants_spread(settings, tiny_model, 
     with ServerThread(create_app(settings.model_copy(update={"api_keys": api_keys}), tiny_model)) as server:
         for key in keys:
             complete(server, PROMPT, key)
-        server.app.state.engine.cache.flush(60)
+        assert server.app.state.engine.cache.flush(HANG_S)
     nodes_of: dict[str, set[int]] = defaultdict(set)
     slots_of: dict[str, set[int]] = defaultdict(set)
     for raw in redis_client.scan_iter(match=f"{settings.key_prefix}{{*"):
@@ -90,7 +90,7 @@ def test_a_node_that_goes_away_makes_its_lookups_misses(settings, tiny_model, tm
         update = {"redis_url": cluster.url, "redis_retry": 0.5, "api_keys": api_keys}
         with ServerThread(create_app(settings.model_copy(update=update), tiny_model)) as server:
             first = {key: complete(server, PROMPT, key) for key in ("key-lost", "key-kept")}
-            server.app.state.engine.cache.flush(60)
+            assert server.app.state.engine.cache.flush(HANG_S)
             cluster.kill(cluster.node_of("{" + tiny_model.namespace(lost).hex() + "}"))
             after = {key: [complete(server, PROMPT, key) for _ in range(3)] for key in first}
     finally:

@@ -20,7 +20,14 @@ from store.blobs.file import FileBlobStore
 from store.cache import BlockCache
 from store.index.memory.index import MemoryIndex
 from store.parts import CacheOptions
-from tests.helpers import build_tiny_model, build_tiny_source_model, prefill_prompt, random_tokens, run_engine
+from tests.helpers import (
+    HANG_S,
+    build_tiny_model,
+    build_tiny_source_model,
+    prefill_prompt,
+    random_tokens,
+    run_engine,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -52,7 +59,7 @@ def test_cached_equals_cold_on_the_gpu(checkpoint, tmp_path, dtype) -> None:
         )
         prompt = tuple(random_tokens(300, seed=3))
         run_engine(cached, prompt[:256], max_tokens=1)
-        assert cached.cache is not None and cached.cache.flush(30)
+        assert cached.cache is not None and cached.cache.flush(HANG_S)
         assert len(list((tmp_path / "blobs").rglob("*.safetensors"))) == 2
         warm, cached_tokens, _ = run_engine(cached, prompt, max_tokens=16)
         assert cached_tokens == 256 and warm == run_engine(cold, prompt, max_tokens=16)[0]

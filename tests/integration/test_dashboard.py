@@ -153,7 +153,9 @@ def test_a_tenant_sees_its_own_prompts_and_the_admin_none(settings, tiny_model, 
 
         def complete(key: str, prompt: list[int]) -> None:
             body = {"model": "tiny", "prompt": prompt, "max_tokens": 2}
-            r = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            r = httpx.post(
+                f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
+            )
             assert r.status_code == 200, r.text
             Api(server).flush()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import anthropic
 import httpx
@@ -13,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.api import Api
-from tests.helpers import TRAINING_TEXT
+from tests.helpers import TRAINING_TEXT, wait_for
 
 SYSTEM = " ".join(TRAINING_TEXT) * 11  # about 1,050 tokens of the tiny tokenizer
 QUESTIONS = ("What is a prefix cache?", "Why are blocks hashed?")
@@ -121,15 +120,17 @@ def test_cache_control_ttl_applies_to_the_blocks_it_covers(
 
 
 def test_anthropic_errors_name_the_field(cached) -> None:
-    """Server tools, images and thinking are 400 in Anthropic's error shape naming the field; an unknown
-    model is a 404; bodies are validated as the Messages API does."""
+    """Server tools, images, documents and thinking are 400 in Anthropic's error shape naming the
+    field; an unknown model is a 404; bodies are validated as the Messages API does."""
     base = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
     bad_ttl = {"type": "ephemeral", "ttl": "2h"}
     cases = [
         (base | {"tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools[0].type"),
         (base | {"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
         (base | {"messages": [{"role": "user", "content": [image]}]}, 400, "messages[0].content[0].type"),
+        (base | {"messages": [{"role": "user", "content": [document]}]}, 400, "messages[0].content[0].type"),
         (base | {"model": "nope"}, 404, "nope"),
         ({k: v for k, v in base.items() if k != "max_tokens"}, 400, "max_tokens"),
         (
@@ -250,9 +251,7 @@ def test_a_stream_its_client_leaves_is_counted_as_cancelled(cached) -> None:
         for i, _ in enumerate(reply.iter_lines()):
             if i == 6:
                 break
-    deadline = time.monotonic() + 30
-    while finished(cached.server, "cancelled") == before and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: finished(cached.server, "cancelled") != before, what="the request to be counted")
     assert finished(cached.server, "cancelled") == before + 1
 
 

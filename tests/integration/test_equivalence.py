@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.worker import Engine
-from tests.helpers import prefill_prompt, random_tokens
+from tests.helpers import HANG_S, prefill_prompt, random_tokens
 from tests.helpers import run_engine as run
 
 
@@ -41,7 +41,7 @@ def test_cached_equals_cold(engines, warm_len, prompt_len, expected_cached) -> N
     cached, cold = engines
     prompt = tokens(max(warm_len, prompt_len))
     run(cached, prompt[:warm_len], max_tokens=1)
-    assert cached.cache is not None and cached.cache.flush(30)
+    assert cached.cache is not None and cached.cache.flush(HANG_S)
 
     warm_logits, warm_reused, warm_fed = prefill_prompt(cached, prompt[:prompt_len])
     cold_logits, cold_reused, _ = prefill_prompt(cold, prompt[:prompt_len])
@@ -62,7 +62,7 @@ def test_generated_blocks_are_cached_for_the_next_turn(engines) -> None:
     prompt = tokens(250)
     completion, _, _ = run(cached, prompt, max_tokens=20)
     assert len(completion) == 20  # the scaled tiny model never emits EOS this early
-    assert cached.cache is not None and cached.cache.flush(30)
+    assert cached.cache is not None and cached.cache.flush(HANG_S)
     next_turn = prompt + tuple(completion) + tokens(40, seed=1)
     tokens_warm, cached_tokens, _ = run(cached, next_turn)
     assert cached_tokens == len(prompt) + len(completion)
@@ -74,6 +74,6 @@ def test_full_hit_prefills_exactly_one_token(engines) -> None:
     cached, _ = engines
     prompt = tokens(256)
     run(cached, prompt, max_tokens=1)
-    assert cached.cache is not None and cached.cache.flush(30)
+    assert cached.cache is not None and cached.cache.flush(HANG_S)
     _, reused, fed = prefill_prompt(cached, prompt)
     assert (reused, fed) == (255, 256)

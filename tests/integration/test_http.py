@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 from openai import OpenAI
 
 from hashing import BLOCK_SIZE
 from proxy.config import Settings
-from tests.helpers import RedisServer, free_port
+from tests.helpers import HANG_S, RedisServer, free_port, wait_for
 
 PROMPT = list(range(20, 20 + 2 * BLOCK_SIZE + 30))  # 286 tokens: two full blocks
 
@@ -27,7 +26,7 @@ def test_repeated_prompt_is_served_from_the_cache(settings, tiny_model, serve) -
     completion; keys under the prefix."""
     with serve(settings, tiny_model) as server:
         first = complete(server.base_url, PROMPT)
-        server.app.state.engine.cache.flush(30)
+        assert server.app.state.engine.cache.flush(HANG_S)
         second = complete(server.base_url, PROMPT)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": len(PROMPT) - 1}
@@ -105,11 +104,39 @@ def test_no_cache_server_never_caches(settings, tiny_model, serve) -> None:
     assert not settings.blob_root.exists()
 
 
+def test_a_request_without_temperature_or_length_gets_openais_defaults(settings, tiny_model, serve) -> None:
+    """No temperature: sampled at 1 (seeded, the same seed's answer at temperature 1, not the greedy
+    one); no max_tokens (EOS banned): a chat runs to --default-max-tokens (6), a legacy completion
+    to 16 tokens, as OpenAI's."""
+    with serve(settings.model_copy(update={"default_max_tokens": 6}), tiny_model) as server:
+        eos = str(server.app.state.engine.loaded.tokenizer.eos_token_id)
+        base = {"model": "tiny", "logit_bias": {eos: -100}, "seed": 0, "return_token_ids": True}
+
+        def answer(route: str, **body) -> dict:
+            r = httpx.post(f"{server.base_url}/v1/{route}", json=base | body, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        unset, at_1, greedy = (
+            answer("completions", prompt="The quick brown fox", **temperature)
+            for temperature in ({}, {"temperature": 1}, {"temperature": 0})
+        )
+        ids = [doc["choices"][0]["token_ids"] for doc in (unset, at_1, greedy)]
+        assert ids[0] == ids[1] != ids[2]
+        assert (unset["usage"]["completion_tokens"], unset["choices"][0]["finish_reason"]) == (16, "length")
+        chat = answer("chat/completions", messages=[{"role": "user", "content": "The quick brown fox"}])
+        assert (chat["usage"]["completion_tokens"], chat["choices"][0]["finish_reason"]) == (6, "length")
+
+
 def test_server_starts_without_redis_and_resumes_caching(tmp_path, tiny_model, serve) -> None:
     """Redis absent at start: answers uncached, /health degraded; once Redis is up, hits return."""
     redis_server = RedisServer(free_port())
-    settings = Settings(
-        redis_url=redis_server.url, blob_dir=tmp_path / "blobs", cache_dir=tmp_path, redis_retry=0.5
+    settings = Settings(  # NOTE: absent is refused at once; the timeout only bounds a slow reply
+        redis_url=redis_server.url,
+        blob_dir=tmp_path / "blobs",
+        cache_dir=tmp_path,
+        redis_retry=0.5,
+        redis_timeout=5.0,
     )
     with serve(settings, tiny_model) as server:
         url = server.base_url
@@ -117,10 +144,13 @@ def test_server_starts_without_redis_and_resumes_caching(tmp_path, tiny_model, s
         assert httpx.get(f"{url}/health").json()["cache"] == "degraded"
         redis_server.start()
         try:
-            time.sleep(0.6)
-            assert httpx.get(f"{url}/health").json()["cache"] == "ok"
-            complete(url, PROMPT)
-            server.app.state.engine.cache.flush(30)
-            assert complete(url, PROMPT)["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT) - 1
+            wait_for(lambda: httpx.get(f"{url}/health").json()["cache"] == "ok", what="caching to come back")
+
+            # NOTE: a save that failed late (its writer runs in the background) keeps the cache off
+            # for --redis-retry more: each request stores the prompt again, until one hits it
+            def cached() -> int:
+                return complete(url, PROMPT)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+            wait_for(lambda: cached() == len(PROMPT) - 1, what="a hit")
         finally:
             redis_server.stop()

@@ -14,7 +14,7 @@ import redis
 from hashing import block_hashes
 from proxy.stores import open_blobs
 from tests.api import Api
-from tests.helpers import RedisServer, free_port, random_tokens
+from tests.helpers import RedisServer, free_port, random_tokens, wait_for
 from tests.s3_fixtures import BACKENDS, read_object, stored_names, write_object
 from tests.topology_fixtures import TOPOLOGIES, topology_url
 
@@ -22,6 +22,7 @@ P = random_tokens(300, seed=61)  # 300 prompt + 8 generated tokens: two full blo
 P_TAILS = 2
 """Tails P stores after its two blocks (``hashing.tails``): its own 44 tokens, and the 52 of
 prompt + answer."""
+TTL = 8
 
 
 @pytest.fixture(params=TOPOLOGIES)
@@ -53,21 +54,26 @@ def files(settings):
 def test_hits_slide_the_ttl_then_the_chain_expires_whole(
     settings, tiny_model, serve, redis_client, key_prefix
 ):
-    """TTL 2 s: hits at 1.3 s and 2.6 s keep the blocks; 2.5 s without hits expires both; after a
-    collection the disk and the index's accounting are back to their baseline."""
-    with serve(settings.model_copy(update={"ttl": 2, "gc_interval": 3600}), tiny_model) as server:
+    """TTL 8 s: hits 4.4 s and 8.8 s after storing keep the blocks (the second only because the
+    first refreshed them); without hits the whole chain expires; after a collection the disk and
+    the index's accounting are back to their baseline.
+
+    NOTE: each hit must come within the TTL of the one before; 8 s leaves each request 3.6 s,
+    however slow the machine. The expiry is waited for: a slow machine only waits longer."""
+    with serve(settings.model_copy(update={"ttl": TTL, "gc_interval": 3600}), tiny_model) as server:
         api = Api(server)
         api.complete(P)
         api.flush()
+        stored = time.monotonic()  # the blocks were published before this
         ttls = [redis_client.ttl(k) for k in block_keys(redis_client, key_prefix)]
-        assert len(ttls) == 2 + P_TAILS and all(0 < t <= 2 for t in ttls)
-        time.sleep(1.3)
+        assert len(ttls) == 2 + P_TAILS and all(0 < t <= TTL for t in ttls)
+        time.sleep(TTL * 0.55)
         assert api.complete(P).cached_tokens == len(P) - 1  # the 2 blocks, then P's own tail
-        time.sleep(1.3)  # 2.6 s after storing: alive only because the hit refreshed it
+        time.sleep(max(0.0, stored + TTL * 1.1 - time.monotonic()))
+        # more than the TTL after storing: alive only because the hit refreshed it
         assert api.complete(P).cached_tokens == len(P) - 1
-        api.flush()  # NOTE: a tail that expired meanwhile is stored again: 2.5 s from then on
-        time.sleep(2.5)
-        assert block_keys(redis_client, key_prefix) == []
+        api.flush()  # NOTE: a tail that expired meanwhile is stored again, with its own TTL
+        wait_for(lambda: block_keys(redis_client, key_prefix) == [], what="the chain to expire")
         report = api.cache.admin.gc(grace_s=0)
         assert report.expired == 2 + P_TAILS
         assert files(settings) == [] and api.cache.parts.index.total_bytes() == 0
@@ -176,7 +182,7 @@ def test_admin_routes_need_the_admin_key(settings, tiny_model, serve):
         assert (
             httpx.post(f"{url}/v1/cache/clear", headers={"Authorization": "Bearer nope"}).status_code == 401
         )
-        assert httpx.post(f"{url}/v1/cache/clear", headers=auth).json() == {
+        assert httpx.post(f"{url}/v1/cache/clear", headers=auth, timeout=120).json() == {
             "removed_blocks": 2 + P_TAILS,
             "removed_named_caches": 0,
         }

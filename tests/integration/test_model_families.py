@@ -28,7 +28,7 @@ from engine.kv import past_from_blocks
 from engine.model.fetch import ModelError
 from engine.model.loading import load_model
 from engine.worker import Engine
-from tests.helpers import FAMILIES, build_tiny_model, prefill_prompt, random_tokens, run_engine
+from tests.helpers import FAMILIES, HANG_S, build_tiny_model, prefill_prompt, random_tokens, run_engine
 
 NATIVE = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
 """Families the native decode step runs (and the lean one, without it), with or without windows;
@@ -68,7 +68,7 @@ def test_a_family_answers_as_transformers_and_cached_as_cold(family, make_cache)
         assert tokens == expected[: len(tokens)] and len(tokens) == 12
 
         run_engine(cached, prompt[:256], max_tokens=1)
-        assert cached.cache is not None and cached.cache.flush(30)
+        assert cached.cache is not None and cached.cache.flush(HANG_S)
         warm_logits, reused, fed = prefill_prompt(cached, prompt)
         cold_logits, _, _ = prefill_prompt(cold, prompt)
         assert (reused, fed) == (256, 300)
@@ -77,7 +77,7 @@ def test_a_family_answers_as_transformers_and_cached_as_cold(family, make_cache)
 
         repeat = tuple(random_tokens(384, seed=8))
         run_engine(cached, repeat, max_tokens=1)
-        assert cached.cache.flush(30)
+        assert cached.cache.flush(HANG_S)
         _, reused, fed = prefill_prompt(cached, repeat)
         assert (reused, fed) == (383, 384)
     finally:
@@ -108,7 +108,7 @@ def test_a_window_is_kept_at_block_boundaries(windowed, make_cache, length) -> N
     cached, cold = Engine(loaded, make_cache(loaded)), Engine(loaded, None)
     try:
         run_engine(cached, prompt, max_tokens=1)
-        assert cached.cache is not None and cached.cache.flush(30)
+        assert cached.cache is not None and cached.cache.flush(HANG_S)
         warm = run_engine(cached, prompt, max_tokens=8)
         assert warm[1] in (length // 128 * 128, length - 1)  # its blocks, or its blocks and tail
         assert warm[0] == run_engine(cold, prompt, max_tokens=8)[0]
@@ -195,7 +195,7 @@ def test_the_lean_step_keeps_the_promise(tmp_path, make_cache, name, dtype, nati
         assert cached.decoder.name == "lean"
         prompt = tuple(random_tokens(300, seed=9))
         run_engine(cached, prompt[:256], max_tokens=1)
-        assert cached.cache is not None and cached.cache.flush(30)
+        assert cached.cache is not None and cached.cache.flush(HANG_S)
         warm, cached_tokens, _ = run_engine(cached, prompt, max_tokens=16)
         assert cached_tokens == 256 and warm == run_engine(cold, prompt, max_tokens=16)[0]
     finally:
@@ -215,7 +215,7 @@ def test_a_windowed_model_over_http(tmp_path, settings, serve) -> None:
         cold = client.chat.completions.create(
             model=loaded.name, messages=messages, max_tokens=12, temperature=0
         )
-        server.app.state.engine.cache.flush(30)
+        assert server.app.state.engine.cache.flush(HANG_S)
         warm = client.chat.completions.create(
             model=loaded.name, messages=messages, max_tokens=12, temperature=0
         )

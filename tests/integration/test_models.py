@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
-from engine.model.fetch import ModelError
+from engine.model.fetch import KNOWN_MODELS, ModelError
 from engine.model.loading import load_model
 from engine.model.resolve import model_fingerprint
+from proxy.cli import main
 from tests.helpers import build_tiny_model
 
 
@@ -72,3 +74,23 @@ def test_the_fingerprint_is_kept_and_follows_changed_weights(tmp_path) -> None:
     assert model_fingerprint(path, tmp_path / "cache") == first
     build_tiny_model(path, seed=1)
     assert model_fingerprint(path, tmp_path / "cache") != first
+
+
+def test_models_list_says_which_models_are_ready(tmp_path) -> None:
+    """`kvproxy models list`: the known model "not fetched", then "ready" once converted under
+    --cache-dir, beside any other converted model."""
+
+    def listed() -> list[str]:
+        result = CliRunner().invoke(main, ["models", "list", "--cache-dir", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        return result.output.splitlines()
+
+    wheel = KNOWN_MODELS["smollm2-135m-instruct"].wheel
+    assert listed() == [f"smollm2-135m-instruct\tnot fetched\t(from {wheel})"]
+    (tmp_path / "models" / "smollm2-135m-instruct").mkdir(parents=True)
+    (tmp_path / "models" / "smollm2-135m-instruct" / "config.json").write_text("{}")
+    (tmp_path / "models" / "converted-gguf").mkdir()
+    assert listed() == [
+        f"smollm2-135m-instruct\tready\t(from {wheel})",
+        f"{tmp_path / 'models' / 'converted-gguf'}\tready",
+    ]

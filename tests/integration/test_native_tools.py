@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from engine.model.loading import load_model
-from tests.helpers import build_tiny_model
+from tests.helpers import HANG_S, build_tiny_model
 
 HERMES = (
     "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
@@ -98,7 +98,7 @@ def test_the_next_turn_reuses_the_call_as_generated(client) -> None:
         temperature=0,
     )
     call = first.choices[0].message.tool_calls[0]
-    server.app.state.engine.flush_saves(30)
+    assert server.app.state.engine.flush_saves(HANG_S)
     history = [
         *USER,
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},

@@ -125,6 +125,7 @@ def test_explanation_names_the_diverging_position(cached) -> None:
         f"{cached.server.base_url}/v1/completions",
         json={"model": "tiny", "prompt": b[:100], "max_tokens": 2, "stream": True},
         headers={"x-kvproxy-explain": "1"},
+        timeout=120,
     )
     assert '"reason":"below one block"' in streamed.headers["x-kvproxy-explain"]
 
@@ -175,7 +176,7 @@ def test_a_tenant_sees_only_its_own_figures(settings, tiny_model, serve) -> None
     with serve(keyed, tiny_model) as server:
         url = server.base_url
         body = {"model": "tiny", "prompt": random_tokens(300, seed=308), "max_tokens": 2}
-        httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer ka"})
+        httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer ka"}, timeout=120)
         Api(server).flush()
 
         def stats(key: str) -> dict:

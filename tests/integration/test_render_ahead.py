@@ -5,12 +5,11 @@ reasoning; answers equal a --no-cache server's. Through the official ``openai`` 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from openai import OpenAI
 
 from tests.api import Api
+from tests.helpers import wait_for
 
 SYSTEM = "You are a careful assistant. " * 12
 QUESTIONS = ["What is a prefix cache?", "Why 128 tokens?", "And what is a tail?", "Thanks, bye."]
@@ -19,10 +18,10 @@ QUESTIONS = ["What is a prefix cache?", "Why 128 tokens?", "And what is a tail?"
 def settle(api: Api, turns: int) -> None:
     """Wait until the server has computed the next-turn starts of ``turns`` turns and stored them."""
     engine = api.engine
-    deadline = time.monotonic() + 60
-    while not (engine.ahead.submitted >= turns and engine.ahead.settled and engine.idle):
-        assert time.monotonic() < deadline, "render-ahead did not settle"
-        time.sleep(0.05)
+    wait_for(
+        lambda: engine.ahead.submitted >= turns and engine.ahead.settled and engine.idle,
+        what="render-ahead to settle",
+    )
     api.flush()
 
 

@@ -171,8 +171,12 @@ def test_stored_response_get_input_items_delete(cached) -> None:
 
 def test_tenants_and_expiry(settings, tiny_model, serve) -> None:
     """Another tenant's response id is a 404 like an unknown one; an expired id is a 404 that
-    says it expired or was evicted."""
-    keyed = settings.model_copy(update={"api_keys": "key-a,key-b", "responses_ttl": 1})
+    says it expired or was evicted.
+
+    NOTE: the tenants on a server keeping responses as long as by default, the expiry on one
+    keeping them 1 s: a response that must still be there is never one that a slow request could
+    outlive."""
+    keyed = settings.model_copy(update={"api_keys": "key-a,key-b"})
     with serve(keyed, tiny_model) as server:
         mine = client(server, "key-a").responses.create(**GREEDY, input="hello")
         for call in (
@@ -185,9 +189,11 @@ def test_tenants_and_expiry(settings, tiny_model, serve) -> None:
             with pytest.raises(openai.NotFoundError, match="No response found"):
                 call()
         assert client(server, "key-a").responses.retrieve(mine.id).id == mine.id
-        time.sleep(2.1)
+    with serve(keyed.model_copy(update={"responses_ttl": 1}), tiny_model) as server:
+        gone = client(server, "key-a").responses.create(**GREEDY, input="hello")
+        time.sleep(2.1)  # NOTE: at least the TTL; a slower machine only waits longer
         with pytest.raises(openai.NotFoundError, match="expired or was evicted"):
-            client(server, "key-a").responses.create(**GREEDY, input="x", previous_response_id=mine.id)
+            client(server, "key-a").responses.create(**GREEDY, input="x", previous_response_id=gone.id)
 
 
 def test_byte_budget_evicts_oldest(settings, tiny_model, serve) -> None:

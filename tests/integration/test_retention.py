@@ -15,7 +15,7 @@ from store.index.memory.index import MemoryIndex
 from store.index.redis.index import RedisIndex
 from store.index.retention import retention_class
 from store.parts import CacheOptions
-from tests.helpers import NS, SPEC, kv
+from tests.helpers import HANG_S, NS, SPEC, kv
 
 TTLS = {"short": 300, "standard": 3600, "long": 86400}
 
@@ -52,7 +52,7 @@ def test_the_budget_evicts_the_lowest_class_first(cache) -> None:
     for name in ("long", "standard", "short"):
         for seed in seeds(name):
             cache.save(NS, chain(seed), 0, *kv(2), ttl_s=TTLS[name])
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     index = cache.parts.index
     per_chain = index.total_bytes() // 9
     index.evict(5 * per_chain)
@@ -66,7 +66,7 @@ def test_a_hit_that_promises_longer_moves_a_block_up(cache) -> None:
     chain used after it under pressure."""
     cache.save(NS, chain(0), 0, *kv(2), ttl_s=300)
     cache.save(NS, chain(1), 0, *kv(2), ttl_s=3600)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     index = cache.parts.index
     index.match(NS, block_hashes(chain(0), NS), [86400, 86400])
     index.match(NS, block_hashes(chain(1), NS), [3600, 3600])  # the most recently used
@@ -84,11 +84,11 @@ def test_the_classes_are_counted_for_stats(cache) -> None:
     each class, lowest first."""
     for name, seed in (("short", 0), ("standard", 1), ("standard", 2), ("long", 3)):
         cache.save(NS, chain(seed), 0, *kv(2), ttl_s=TTLS[name])
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     shape = (SPEC.num_layers, SPEC.num_kv_heads, 40, SPEC.head_dim)
     cache.save_tail(NS, [*chain(3), *range(40)], torch.zeros(shape), torch.ones(shape), ttl_s=86400)
     cache.save_tail(NS, [*chain(0), *range(40)], torch.zeros(shape), torch.ones(shape), ttl_s=300)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     assert cache.parts.index.retention_counts() == [3, 4, 3, 0]
 
 
@@ -98,7 +98,7 @@ def test_pinned_blocks_outlive_any_budget_until_unpinned(cache) -> None:
     however many pins hold it; unpinned, it goes first again."""
     for seed, name in ((0, "short"), (1, "long"), (2, "standard")):
         cache.save(NS, chain(seed), 0, *kv(2), ttl_s=TTLS[name])
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     index, hashes = cache.parts.index, block_hashes(chain(0), NS)
     per_chain = index.total_bytes() // 3
     assert index.pins.pin(NS, hashes, 600) == (per_chain, per_chain, 0)
@@ -112,7 +112,7 @@ def test_pinned_blocks_outlive_any_budget_until_unpinned(cache) -> None:
     index.pins.unpin(NS, hashes)
     assert index.pins.pinned_bytes() == 0 and index.retention_counts() == [0, 2, 0, 0]
     cache.save(NS, chain(1), 0, *kv(2), ttl_s=TTLS["long"])
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     index.evict(per_chain)  # the chain kept its pin's 10 minutes: standard, below the long one
     assert len(index.match(NS, hashes, [1, 1]).entries) == 0
 
@@ -123,7 +123,7 @@ def test_a_chain_pinned_before_it_is_stored_is_pinned_as_it_is_published(cache) 
     index, hashes = cache.parts.index, block_hashes(chain(0), NS)
     assert index.pins.pin(NS, hashes, 600) == (0, 0, 2)
     cache.save(NS, chain(0), 0, *kv(2), ttl_s=300)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     per_chain = index.total_bytes()
     assert index.pins.pinned_bytes() == per_chain and index.retention_counts()[-1] == 2
     index.evict(0)
@@ -133,7 +133,7 @@ def test_a_chain_pinned_before_it_is_stored_is_pinned_as_it_is_published(cache) 
 def test_a_pinned_block_forgotten_leaves_the_pinned_bytes(cache) -> None:
     """``kvproxy cache clear`` (FORGET in force) of a pinned chain takes its pinned bytes too."""
     cache.save(NS, chain(0), 0, *kv(2), ttl_s=300)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     index = cache.parts.index
     assert index.pins.pin(NS, block_hashes(chain(0), NS), 600)
     for members in list(index.members()):

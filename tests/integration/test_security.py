@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
 
 import click
 import httpx
@@ -26,7 +25,7 @@ from store.interface import KVBlock
 from store.serde import encode_block
 from store.snapshot.format import MANIFEST, add_member
 from tests.api import Api
-from tests.helpers import build_tiny_model, free_port, random_tokens, stored_tensors
+from tests.helpers import HANG_S, build_tiny_model, free_port, random_tokens, stored_tensors, wait_for
 
 ADMIN = "the-admin-key"
 PROMPT_A, PROMPT_B = random_tokens(3 * BLOCK_SIZE + 1, seed=301), random_tokens(3 * BLOCK_SIZE + 1, seed=302)
@@ -61,13 +60,6 @@ def pack(files: dict[str, bytes]) -> bytes:
         for name, data in files.items():
             add_member(tar, name, data)
     return out.getvalue()
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 # 1. Anyone can write the cache.
@@ -287,9 +279,11 @@ def test_prompt_text_is_never_shown_to_an_anonymous_client_of_a_keyed_server(
     with serve(closed(settings, admin_key=ADMIN), tiny_model) as server:
         for _ in range(2):
             httpx.post(
-                f"{server.base_url}/v1/completions", json={"model": "tiny", "prompt": text, "max_tokens": 1}
+                f"{server.base_url}/v1/completions",
+                json={"model": "tiny", "prompt": text, "max_tokens": 1},
+                timeout=120,
             )
-        server.app.state.engine.cache.flush(30)
+        assert server.app.state.engine.cache.flush(HANG_S)
         anonymous = httpx.get(f"{server.base_url}/stats").json()["hot_prefixes"]
         admin = httpx.get(f"{server.base_url}/stats", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     assert anonymous and all(row["text"] is None for row in anonymous)
@@ -305,7 +299,7 @@ def test_an_explanation_shows_no_cached_text_to_an_anonymous_client_of_a_keyed_s
     with serve(closed(settings, admin_key=ADMIN), tiny_model) as server:
         url = f"{server.base_url}/v1/completions"
         httpx.post(url, json={"model": "tiny", "prompt": first, "max_tokens": 1}, timeout=60)
-        server.app.state.engine.cache.flush(30)
+        assert server.app.state.engine.cache.flush(HANG_S)
         views = []
         for question, headers in (
             ("What is it?", {}),
@@ -395,12 +389,12 @@ def test_passwords_in_urls_never_reach_the_output(tmp_path) -> None:
     )
     try:
         lines = []
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline and not any("Uvicorn running" in line for line in lines):
             lines.append(serve.stderr.readline())
     finally:
         serve.terminate()
-        serve.wait(30)
+        serve.wait(HANG_S)
     output = "".join(lines)
     assert "is unreachable" in output and "redis://:***@127.0.0.1:1/0" in output and secret not in output
 

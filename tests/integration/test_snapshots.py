@@ -19,7 +19,7 @@ from engine.model.loading import load_model
 from hashing import BLOCK_SIZE, block_hashes
 from proxy.cli import main
 from tests.api import Api
-from tests.helpers import build_tiny_model, random_tokens
+from tests.helpers import HANG_S, build_tiny_model, random_tokens
 
 
 @pytest.fixture
@@ -174,6 +174,7 @@ def test_export_all_of_a_tenant_with_the_admin_key(settings, other, tiny_model, 
                 f"{a.base_url}/v1/completions",
                 json={"model": "tiny", "prompt": prompt, "max_tokens": 1},
                 headers={"Authorization": f"Bearer {key}"},
+                timeout=120,
             )
             assert r.status_code == 200
         Api(a).flush()
@@ -200,6 +201,7 @@ def test_export_all_of_a_tenant_with_the_admin_key(settings, other, tiny_model, 
             f"{b.base_url}/v1/completions",
             json={"model": "tiny", "prompt": random_tokens(300, seed=86), "max_tokens": 1},
             headers={"Authorization": "Bearer ka"},
+            timeout=120,
         )
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 2 * BLOCK_SIZE
 
@@ -239,7 +241,7 @@ def test_malformed_manifests_and_unknown_tenants_are_clear_errors(
 
     with serve(other.model_copy(update={"api_keys": "ka=alpha", "admin_key": "adm"}), tiny_model) as b:
         admin = {"Authorization": "Bearer adm"}
-        r = httpx.post(f"{b.base_url}/v1/cache/import", content=archive, headers=admin)
+        r = httpx.post(f"{b.base_url}/v1/cache/import", content=archive, headers=admin, timeout=120)
         assert (
             r.status_code == 400
             and "tenant 'default' is not a tenant of this server" in r.json()["error"]["message"]
@@ -286,7 +288,7 @@ def test_an_import_is_published_as_saves_are(
             report = cache.admin.import_snapshot(source, identities)
         assert (report.imported, report.rejected) == (6, [])
         assert len(trips) <= 6, trips  # exists + namespace set + one publish script + the budget's sums
-        assert cache.flush(30)
+        assert cache.flush(HANG_S)
         assert cache.admin.stats().blocks_saved == saved + 6
         assert cache.admin.deployment_stats(tiny_model.namespace("default"))["blocks_saved"] == 6
         hashes = block_hashes(prompt, tiny_model.namespace("default"))

@@ -16,7 +16,14 @@ from safetensors.torch import load_file, save_file
 from engine.model.fetch import ModelError
 from engine.model.loading import load_model
 from engine.worker import Engine
-from tests.helpers import build_tiny_model, build_tiny_source_model, prefill_prompt, random_tokens, run_engine
+from tests.helpers import (
+    HANG_S,
+    build_tiny_model,
+    build_tiny_source_model,
+    prefill_prompt,
+    random_tokens,
+    run_engine,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +57,7 @@ def test_cached_equals_cold_and_source_equals_full(source_model, make_cache) -> 
         tokens, _, _ = run_engine(cold, prompt)
         assert run_engine(reference, prompt)[0] == tokens
         run_engine(cached, prompt[:256], max_tokens=1)
-        assert cached.cache is not None and cached.cache.flush(30)
+        assert cached.cache is not None and cached.cache.flush(HANG_S)
         warm_logits, reused, _ = prefill_prompt(cached, prompt)
         cold_logits, _, _ = prefill_prompt(cold, prompt)
         assert reused == 256 and torch.allclose(warm_logits, cold_logits, atol=1e-4, rtol=0)
@@ -58,7 +65,7 @@ def test_cached_equals_cold_and_source_equals_full(source_model, make_cache) -> 
         repeat = tuple(random_tokens(384, seed=12))
         alone = run_engine(cold, repeat)[0]
         run_engine(cached, repeat, max_tokens=1)
-        assert cached.cache.flush(30)
+        assert cached.cache.flush(HANG_S)
         assert run_engine(cached, repeat) == (alone, 383, "length")  # one token fed, by the decode step
         prompts = [tuple(random_tokens(150 + 20 * i, seed=30 + i)) for i in range(4)]
         singles = [run_engine(cold, p)[0] for p in prompts]

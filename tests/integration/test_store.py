@@ -15,7 +15,7 @@ from store.entries import member_name, new_entry
 from store.index.base import Publication
 from store.index.redis.index import RedisIndex
 from store.parts import CacheOptions
-from tests.helpers import NS, SPEC, kv
+from tests.helpers import HANG_S, NS, SPEC, kv
 from tests.s3_fixtures import read_object, stored_names, write_object
 from tests.topology_fixtures import TOPOLOGIES, topology_url
 
@@ -39,7 +39,7 @@ def test_saved_blocks_come_back_verified_in_order(make_cache, redis_client, key_
     cache = make_cache(SPEC)
     key, value = kv(3)
     cache.save(NS, IDS, 0, key, value)
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     match = cache.lookup(NS, IDS, max_blocks=3)
     assert [b.index for b in match.blocks] == [0, 1, 2] and match.num_tokens == 3 * BLOCK_SIZE
     assert torch.equal(torch.stack([b.key for b in match.blocks]), key)
@@ -51,7 +51,7 @@ def test_index_entries_carry_a_ttl_and_only_metadata(make_cache, redis_client, k
     """Block entries have a TTL and are small (no tensors in Redis)."""
     cache = make_cache(SPEC, ttl_s=123)
     cache.save(NS, IDS, 0, *kv(2))
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     keys = list(redis_client.scan_iter(match=f"{key_prefix}*:b:*"))
     assert len(keys) == 2
     for k in keys:
@@ -63,7 +63,7 @@ def test_blob_files_are_where_the_design_says(make_cache, redis_client, key_pref
     """{blob root}/{ns}/{hash[:2]}/{hash}.safetensors, and no temporary file left behind."""
     cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(1))
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     h = block_hashes(IDS, NS)[0].hex()
     assert stored_names(cache.parts.blobs) == [f"{NS.hex()}/{h[:2]}/{h}.safetensors"]
 
@@ -72,7 +72,7 @@ def test_lookup_stops_at_the_first_missing_block(make_cache, redis_client, key_p
     """Block 1's index entry deleted: only block 0 is served, block 2 is never loaded."""
     cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(3))
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     hashes = block_hashes(IDS, NS)
     redis_client.delete(cache.parts.index.block_key(NS, hashes[1]))
     assert [b.index for b in cache.lookup(NS, IDS, max_blocks=3).blocks] == [0]
@@ -84,7 +84,7 @@ def test_a_corrupt_blob_ends_the_prefix_and_drops_its_entry(
     """Block 1's blob truncated: a miss from block 1 on, its entry removed and counted."""
     cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(3))
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     hashes = block_hashes(IDS, NS)
     blob = cache.parts.blobs.name(NS, hashes[1])
     write_object(cache.parts.blobs, blob, read_object(cache.parts.blobs, blob)[:1000])
@@ -99,7 +99,7 @@ def test_other_tokens_under_a_cached_prefix_miss_after_it(
     """A prompt sharing only block 0 matches one block."""
     cache = make_cache(SPEC)
     cache.save(NS, IDS, 0, *kv(3))
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     other = IDS[:BLOCK_SIZE] + [5] * (2 * BLOCK_SIZE)
     assert cache.lookup(NS, other, max_blocks=3).num_blocks == 1
     assert cache.lookup(NS, IDS, max_blocks=2).num_blocks == 2  # max_blocks caps the match
@@ -111,7 +111,7 @@ def test_unreachable_redis_is_a_miss_not_an_error(blob_store) -> None:
     cache = BlockCache(RedisIndex(client, "kvptest:"), blob_store, SPEC, CacheOptions(ttl_s=60))
     assert cache.lookup(NS, IDS, max_blocks=3).num_blocks == 0
     cache.save(NS, IDS, 0, *kv(1))
-    assert cache.flush(30)
+    assert cache.flush(HANG_S)
     assert cache.admin.health() == "degraded"
     assert stored_names(blob_store) == []
 

@@ -17,7 +17,7 @@ from store.index.base import TAILS_PER_TIP
 from store.index.memory.index import MemoryIndex
 from store.index.redis.index import RedisIndex
 from store.parts import CacheOptions
-from tests.helpers import NS, SPEC, kv
+from tests.helpers import HANG_S, NS, SPEC, kv
 
 IDS = list(range(2 * BLOCK_SIZE + 40))  # two full blocks, then a 40-token tail
 
@@ -43,7 +43,7 @@ def stored(cache: BlockCache, ids=IDS) -> tuple[torch.Tensor, torch.Tensor]:
         cache.save(NS, ids, 0, *kv(blocks))
     key, value = tail_kv(len(ids) % BLOCK_SIZE)
     cache.save_tail(NS, ids, key, value)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     return key, value
 
 
@@ -85,7 +85,7 @@ def test_the_budget_evicts_tails_before_any_block_and_unlists_them(make) -> None
     cache = make()
     stored(cache)
     cache.save(NS, [5] * BLOCK_SIZE, 0, *kv(1))
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     index = cache.parts.index
     index.evict(index.total_bytes() - 1)
     assert index.num_blocks() == 3  # the tail went first, the blocks stay
@@ -124,15 +124,18 @@ def test_at_most_a_bounded_number_of_tails_are_listed_after_one_tip(make) -> Non
 
 
 def test_a_hit_slides_the_tail_ttl(make) -> None:
+    """TTL 5 s: hits every 1.8 s keep a tail for 5.4 s (longer than its TTL); 5 s more without
+    one, it is gone. NOTE: each hit must come within the TTL of the one before: 1.8 s apart leaves
+    a hit 3.2 s, however slow the machine; waiting longer for the expiry changes nothing."""
     cache = make()
     key, value = tail_kv(30)
-    cache.save_tail(NS, IDS[:30], key, value, ttl_s=2)
-    assert cache.flush(10)
+    cache.save_tail(NS, IDS[:30], key, value, ttl_s=5)
+    assert cache.flush(HANG_S)
     for _ in range(3):
-        time.sleep(0.8)
-        assert cache.lookup(NS, IDS[:31], ttl_s=2).tail_tokens == 30
-        assert cache.flush(10)  # the touch runs in the background
-    time.sleep(2.2)
+        time.sleep(1.8)
+        assert cache.lookup(NS, IDS[:31], ttl_s=5).tail_tokens == 30
+        assert cache.flush(HANG_S)  # the touch runs in the background
+    time.sleep(5.2)
     cache.parts.ram.clear()
     assert cache.lookup(NS, IDS[:31]).tail is None
 
@@ -142,7 +145,7 @@ def test_the_collector_prunes_expired_listings_no_lookup_reads(make) -> None:
     cache = make()
     key, value = tail_kv(30)
     cache.save_tail(NS, IDS[:30], key, value, ttl_s=1)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     time.sleep(1.2)
     index = cache.parts.index
     cache.admin.gc(grace_s=0)

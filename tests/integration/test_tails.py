@@ -14,7 +14,7 @@ import torch
 from engine.requests import GenerationRequest, PrefillDone
 from engine.worker import Engine
 from hashing import BLOCK_SIZE
-from tests.helpers import GREEDY, engine_events, prefill_prompt, random_tokens
+from tests.helpers import GREEDY, HANG_S, engine_events, prefill_prompt, random_tokens
 from tests.helpers import run_engine as run
 
 
@@ -27,7 +27,7 @@ def engines(tiny_model, make_cache):
 
 
 def flushed(engine: Engine) -> None:
-    assert engine.cache is not None and engine.cache.flush(30)
+    assert engine.cache is not None and engine.cache.flush(HANG_S)
 
 
 @pytest.mark.parametrize("blocks", [0, 1, 2])

@@ -22,7 +22,12 @@ def keyed(settings, tiny_model, serve, tmp_path):
 
 def complete(server, key: str, **extra) -> dict:
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0} | extra
-    r = httpx.post(f"{server.base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    r = httpx.post(
+        f"{server.base_url}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -80,6 +85,7 @@ def test_nothing_a_tenant_reads_reveals_another(keyed) -> None:
             f"{keyed.base_url}/v1/completions",
             json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
             headers={"Authorization": "Bearer key-b"},
+            timeout=120,
         )
         doc = r.json()
         headers = {k: v for k, v in r.headers.items() if k not in ("date", "content-length")}

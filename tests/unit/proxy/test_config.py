@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from proxy.config import Settings
+from proxy.flags import load_settings
 from proxy.router.settings import RouteSettings
 from proxy.setting_values import parse_bytes
 from proxy.stores import blob_budget, open_blobs
@@ -41,6 +42,12 @@ def test_settings_come_from_the_environment_and_fail_at_start_up(monkeypatch) ->
     monkeypatch.setenv("KVPROXY_TTL", "0")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_a_flag_wins_over_its_environment_variable(monkeypatch) -> None:
+    """KVPROXY_TTL=60 and --ttl 5: 5; without the flag (click passes None): 60."""
+    monkeypatch.setenv("KVPROXY_TTL", "60")
+    assert (load_settings(ttl=5).ttl, load_settings(ttl=None).ttl) == (5, 60)
 
 
 def test_blob_url_names_a_directory_or_a_bucket(tmp_path) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from starlette.requests import Request
 
 from proxy.config import Settings
-from proxy.http.auth import parse_api_keys
+from proxy.http.auth import bearer, parse_api_keys
 
 
 def test_each_key_is_its_own_tenant_unless_named() -> None:
@@ -42,3 +43,19 @@ def test_several_key_files_add_up_and_a_missing_one_is_an_error(tmp_path) -> Non
     assert Settings(admin_key=str(tmp_path / "admin")).admin_key == "s3cret"
     with pytest.raises(ValidationError, match="does not exist"):
         Settings(admin_key="/run/kvproxy/not-mounted")
+
+
+def request(path: str, headers: dict[str, str], query: str = "") -> Request:
+    pairs = [(k.encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "path": path, "query_string": query.encode(), "headers": pairs})
+
+
+def test_the_bearer_key_decides_when_a_request_carries_several() -> None:
+    """``Authorization: Bearer`` wins over ``x-api-key`` and ``x-goog-api-key``; either alone is
+    the key; ``?key=`` counts on the Gemini routes only."""
+    both = {"authorization": "Bearer b", "x-api-key": "x", "x-goog-api-key": "g"}
+    assert bearer(request("/v1/messages", both)) == "b"
+    assert bearer(request("/v1/messages", {"x-api-key": "x"})) == "x"
+    assert bearer(request("/v1beta/models", {"x-goog-api-key": "g"}, "key=q")) == "g"
+    assert bearer(request("/v1beta/models", {}, "key=q")) == "q"
+    assert bearer(request("/v1/models", {}, "key=q")) is None

@@ -54,3 +54,12 @@ def test_strict_types_and_logit_bias_keys() -> None:
 def test_usage_always_carries_cached_tokens() -> None:
     assert usage(300, 5, 0)["prompt_tokens_details"] == {"cached_tokens": 0}
     assert usage(300, 5, 256)["total_tokens"] == 305
+
+
+def test_unknown_fields_are_ignored() -> None:
+    """A field the server does not know (a newer API's, a vendor's) is neither refused nor named."""
+    chat = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], a_newer_field={"x": 1}
+    )
+    assert chat.unsupported_field() is None
+    assert CompletionRequest(model="m", prompt="p", vendor_option=True).unsupported_field() is None

@@ -10,7 +10,7 @@ from store.entries import member_name
 from store.index.memory import hot as memory_hot
 from store.index.memory.index import MemoryIndex
 from store.parts import CacheOptions
-from tests.helpers import NS, SPEC, Clock, kv
+from tests.helpers import HANG_S, NS, SPEC, Clock, kv
 
 IDS = list(range(3 * BLOCK_SIZE + 10))
 
@@ -21,11 +21,11 @@ def test_hot_prefixes_in_memory(tmp_path) -> None:
     index = MemoryIndex(clock)
     cache = BlockCache(index, FileBlobStore(tmp_path), SPEC, CacheOptions(ttl_s=600))
     cache.save(NS, IDS, 0, *kv(3))
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     cache.lookup(NS, IDS[: BLOCK_SIZE + 1])
     for _ in range(3):
         cache.lookup(NS, IDS)
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     clock.advance(100)
     rows = cache.admin.hot_prefixes(NS, readable=NS)
     assert [(r["hits"], r["tokens_saved"], r["blocks"], r["ttl_seconds"]) for r in rows] == [
@@ -44,8 +44,8 @@ def test_at_most_keep_prefixes_per_namespace(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(memory_hot, "HOT_KEEP", 2)
     cache = BlockCache(MemoryIndex(), FileBlobStore(tmp_path), SPEC, CacheOptions(ttl_s=600))
     cache.save(NS, IDS, 0, *kv(3))
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     for blocks in (1, 2, 3):
         cache.lookup(NS, IDS[: blocks * BLOCK_SIZE + 1])
-    assert cache.flush(10)
+    assert cache.flush(HANG_S)
     assert [r["tokens_saved"] for r in cache.admin.hot_prefixes(NS)] == [384, 256]
