@@ -218,7 +218,10 @@ class Settings(ServerSettings):
     )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     default_max_tokens: int = Field(
-        2048, ge=1, description="Completion length when a request sets no max_tokens (tokens)."
+        2048,
+        ge=1,
+        description="Longest chat completion when a request sets no max_tokens (tokens; legacy completions "
+        "get 16, as OpenAI's).",
     )
     max_queue: int = Field(64, ge=1, description="Requests that may wait for the engine.")
     max_batch: int = Field(

@@ -31,6 +31,7 @@ from proxy.serving.running import complete, written_tokens
 from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.state import EngineDep, SettingsDep
 from store.index.redis.connect import REDIS_ERRORS
+from store.index.redis.faults import redis_fault
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -181,7 +182,7 @@ async def create(
                     responses.put, tenant, StoredResponse(response, items, conversation, after)
                 )
             except REDIS_ERRORS as exc:
-                log.warning("response %s was not stored (Redis: %s)", response["id"], exc)
+                log.warning("response %s was not stored: %s", response["id"], redis_fault(exc))
         return response
 
     if body.stream:
