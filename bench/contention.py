@@ -11,20 +11,15 @@ its quiet rate. Writes its section of ``docs/benchmarks.md`` between ``MARKERS``
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.client import Client
-from bench.engine_load import Conversations, conversations, decode_speed
+from bench.engine_load import Conversations, conversations, decode_speed, hog
 from bench.engine_targets import EOS, KVPROXY_PORT, LLAMA_PORT, MODEL
 from bench.report import splice
 from bench.report_engine import header, row
@@ -32,20 +27,6 @@ from bench.servers import running, serve, serve_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKERS = ("<!-- contention: bench.contention -->", "<!-- /contention -->")
-
-
-@contextlib.contextmanager
-def hog() -> Iterator[int]:
-    """A process spinning on one core (the last this process may use) meanwhile; yields the core."""
-    core = max(os.sched_getaffinity(0))
-    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
-    spinner = subprocess.Popen([sys.executable, "-c", spin])
-    try:
-        time.sleep(1.0)  # NOTE: the scheduler has moved the servers' threads off its core by now
-        yield core
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 ROUNDS = 5

@@ -5,9 +5,14 @@ server sends it, else counted as content chunks)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -108,3 +113,17 @@ def concurrent_speed(client: Client, model: str, streams: int, tokens: int = 64)
     with ThreadPoolExecutor(streams) as pool:
         results = list(pool.map(one, prompts[:streams]))
     return sum(r.completion_tokens for r in results) / (time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def hog() -> Iterator[int]:
+    """A process spinning on one core (the last this process may use) meanwhile; yields the core."""
+    core = max(os.sched_getaffinity(0))
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(1.0)  # NOTE: the scheduler has moved the servers' threads off its core by now
+        yield core
+    finally:
+        spinner.kill()
+        spinner.wait()

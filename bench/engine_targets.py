@@ -16,19 +16,15 @@ the same GGUF, 2 threads, RAM prompt cache on):
 
 from __future__ import annotations
 
-import contextlib
 import random
 import statistics
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.client import Client
-from bench.engine_load import concurrent_speed, conversations, decode_speed
+from bench.engine_load import concurrent_speed, conversations, decode_speed, hog
 from bench.promise import sweep, sweep_prompts
 from bench.servers import running, serve, serve_llama_cpp
 from bench.workloads import QUESTIONS, corpus, text
@@ -126,7 +122,7 @@ def measure_engine(work: Path, prefix: str, llama: tuple[str, Path] | None) -> d
         ):
             client = Client(f"{url}/v1")
             quiet = decode_speed(client, MODEL, ban=EOS)
-            with busy_core():
+            with hog():
                 loaded = decode_speed(client, MODEL, ban=EOS)
             out["threads"][threads] = {"quiet": quiet, "busy": loaded}
     for dtype, weights in SWEPT:
@@ -198,17 +194,6 @@ def step_counters(url: str) -> tuple[float, float]:
         if name in ("kvproxy_decode_steps_total", "kvproxy_decode_step_seconds_total"):
             values[name] = float(value)
     return values["kvproxy_decode_steps_total"], values["kvproxy_decode_step_seconds_total"]
-
-
-@contextlib.contextmanager
-def busy_core() -> Iterator[None]:
-    """A process spinning on one core meanwhile (a noisy neighbour)."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def format_row(client: Client, url: str) -> dict[str, Any]:

@@ -3,12 +3,14 @@ ports, a private Redis. Fixtures built from these live in ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from engine.buffers import BufferPool
 from engine.forward import prefill
+from engine.kernels.native import NativeDecoder
+from engine.kv import past_from_blocks
 from engine.prefix_stage import load_prefix
 from engine.requests import Event, Failed, Finished, GenerationRequest, PrefillDone, TokenDelta
 from engine.sampling import SamplingParams
@@ -283,6 +288,39 @@ def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tenso
     prefix = load_prefix(engine.cache, engine.loaded.namespace("default"), prompt, buffers)
     logits = prefill(engine.loaded.model, prompt[prefix.cached_tokens :], prefix.past, prefix.cached_tokens)
     return logits, prefix.cached_tokens, prefix.past.get_seq_length()
+
+
+def native_greedy_logits(
+    loaded, threads: list[int], prompts: list[list[int]], steps: int, unit_bytes: int | None = None
+) -> torch.Tensor:
+    """The logits ``[steps, len(prompts), vocab]`` of ``steps`` greedy decode steps of the prompts,
+    batched, by the native step (``engine.kernels.native``) in units of ``unit_bytes`` (its default
+    when None); step i on ``threads[i % len(threads)]`` threads."""
+    decoder = NativeDecoder(loaded.model, loaded.codes, loaded.kernels, threads[0], unit_bytes)
+    spec = loaded.kv_spec
+    pool = BufferPool(torch.empty(spec.num_layers, spec.num_kv_heads, 0, spec.head_dim), keep=0)
+    pasts = [past_from_blocks([], 0, pool.acquire(len(p) + steps), loaded.kernels) for p in prompts]
+    with torch.inference_mode():
+        for prompt, past in zip(prompts, pasts, strict=True):
+            prefill(loaded.model, prompt, past, 0)
+    tokens, out = [5] * len(prompts), []
+    for i in range(steps):
+        decoder.threads = threads[i % len(threads)]
+        logits = decoder(tokens, pasts, [len(p) + i for p in prompts])
+        out.append(logits.clone())
+        tokens = [int(t) for t in logits.argmax(-1)]
+    return torch.stack(out)
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    """A process spinning meanwhile (a noisy neighbour): threads are descheduled now and then."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float = HANG_S, what: str = "the condition") -> Any:

@@ -5,17 +5,9 @@ batch, or how busy the cores are, every logit is the same bit for bit
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
-
-import pytest
 import torch
 
-from engine.buffers import BufferPool
-from engine.forward import prefill
-from engine.kernels.native import NativeDecoder
-from engine.kv import past_from_blocks
+from tests.helpers import busy_core, native_greedy_logits
 
 PROMPTS = [
     [1 + i % 50 for i in range(600)],
@@ -26,46 +18,18 @@ PROMPTS = [
 STEPS = 12
 
 
-def greedy_logits(loaded, threads: int, prompts: list[list[int]]) -> torch.Tensor:
-    """The logits ``[STEPS, len(prompts), vocab]`` of ``STEPS`` greedy decode steps of the prompts,
-    batched, on ``threads`` threads."""
-    decoder = NativeDecoder(loaded.model, loaded.codes, loaded.kernels, threads)
-    spec = loaded.kv_spec
-    pool = BufferPool(torch.empty(spec.num_layers, spec.num_kv_heads, 0, spec.head_dim), keep=0)
-    pasts = [past_from_blocks([], 0, pool.acquire(len(p) + STEPS), loaded.kernels) for p in prompts]
-    with torch.inference_mode():
-        for prompt, past in zip(prompts, pasts, strict=True):
-            prefill(loaded.model, prompt, past, 0)
-    tokens, steps = [5] * len(prompts), []
-    for i in range(STEPS):
-        logits = decoder(tokens, pasts, [len(p) + i for p in prompts])
-        steps.append(logits.clone())
-        tokens = [int(t) for t in logits.argmax(-1)]
-    return torch.stack(steps)
-
-
-@pytest.fixture
-def busy_core() -> Iterator[None]:
-    """A process spinning meanwhile: the team's helpers are descheduled now and then, and the
-    units they hold are taken over."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
-
-
 def test_every_thread_count_computes_the_same_bits(default_model) -> None:
     """1, 2 and 5 threads (more than the cores): the same logits, bit for bit; one sequence alone
     gets the same logits as in the batch."""
     assert default_model.kernels is not None
-    one = greedy_logits(default_model, 1, PROMPTS)
+    one = native_greedy_logits(default_model, [1], PROMPTS, STEPS)
     for threads in (2, 5):
-        assert torch.equal(greedy_logits(default_model, threads, PROMPTS), one)
-    assert torch.equal(greedy_logits(default_model, 2, PROMPTS[:1])[:, 0], one[:, 0])
+        assert torch.equal(native_greedy_logits(default_model, [threads], PROMPTS, STEPS), one)
+    assert torch.equal(native_greedy_logits(default_model, [2], PROMPTS[:1], STEPS)[:, 0], one[:, 0])
 
 
-def test_a_busy_core_changes_no_bit(default_model, busy_core) -> None:
+def test_a_busy_core_changes_no_bit(default_model) -> None:
     """Beside a spinning process, with more threads than are free: the same logits."""
-    assert torch.equal(greedy_logits(default_model, 3, PROMPTS), greedy_logits(default_model, 1, PROMPTS))
+    alone = native_greedy_logits(default_model, [1], PROMPTS, STEPS)
+    with busy_core():
+        assert torch.equal(native_greedy_logits(default_model, [3], PROMPTS, STEPS), alone)
