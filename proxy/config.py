@@ -4,11 +4,7 @@
 
 from __future__ import annotations
 
-import difflib
-import functools
-import logging
 import os
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -17,41 +13,13 @@ from urllib.request import url2pathname
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.env_names import PREFIX, unknown_variables, warn_once
 from proxy.setting_values import Bytes, key_file
 from store.index.redis.connect import SCHEMES, check_url, redact_url
-
-log = logging.getLogger(__name__)
-
-PREFIX = "KVPROXY_"
-READ_ELSEWHERE = frozenset({"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL"})
-"""``KVPROXY_*`` variables that name no setting but are read on purpose: ``kvproxy cache``'s
-``--api-key`` and the tests' Redis (``tests/conftest.py``)."""
 
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "kvproxy"
-
-
-def unknown_variables(command: str, fields: Iterable[str], environ: Mapping[str, str]) -> list[str]:
-    """One warning per ``KVPROXY_*`` variable of ``environ`` that names none of ``fields`` (the
-    settings of ``command``), naming the setting it probably meant where one is close."""
-    known = {name.upper() for name in fields}
-    warnings = []
-    for variable in sorted(environ):
-        # NOTE: pydantic-settings reads the names case-insensitively, so they are compared so too
-        name = variable.upper().removeprefix(PREFIX)
-        if not variable.upper().startswith(PREFIX) or name in known or variable.upper() in READ_ELSEWHERE:
-            continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        meant = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
-        warnings.append(f"{variable} is not a setting of {command}: ignored{meant}")
-    return warnings
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    """Log ``message`` once per process, however many times the settings are read."""
-    log.warning("%s", message)
 
 
 class ServerSettings(BaseSettings):
@@ -112,7 +80,7 @@ class ServerSettings(BaseSettings):
         word: before the fields are validated, so a required setting missing for a typo gets its
         hint too."""
         for message in unknown_variables(cls.command, cls.model_fields, os.environ):
-            _warn_once(message)
+            warn_once(message)
         return data
 
     @field_validator("admin_key")

@@ -1,4 +1,4 @@
-"""proxy/config.py: a ``KVPROXY_*`` variable that names no setting of the command started is
+"""proxy/env_names.py: a ``KVPROXY_*`` variable that names no setting of the command started is
 ignored, but with one warning naming it and the setting it probably meant."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import click
 import pytest
 
-from proxy import config
-from proxy.config import READ_ELSEWHERE, Settings
+from proxy import env_names
+from proxy.config import Settings
+from proxy.env_names import READ_ELSEWHERE
 from proxy.flags import parse_settings
 from proxy.router.settings import RouteSettings
 
@@ -21,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture
 def logged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """The warnings proxy.config logs during the test, in ``.messages`` (each message is logged
+    """The warnings proxy.env_names logs during the test, in ``.messages`` (each message is logged
     once per process: forgotten before and after)."""
-    config._warn_once.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="proxy.config"):
+    env_names.warn_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="proxy.env_names"):
         yield caplog
-    config._warn_once.cache_clear()
+    env_names.warn_once.cache_clear()
 
 
 def test_a_misspelt_variable_gets_one_warning_naming_the_setting_meant(monkeypatch, logged) -> None:
