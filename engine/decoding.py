@@ -153,13 +153,14 @@ def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decod
     if loaded.device.type != "cpu":
         candidates.append(("native", "it runs on the CPU"))
     elif lib is None:
-        candidates.append(("native", "it was not built"))
+        candidates.append(("native", loaded.kernel_error or "it was not built"))
     else:
         reason = native_unsupported(model)
         candidates.append(("native", reason or (lambda: NativeDecoder(model, loaded.codes, lib, threads))))
     lean_reason = LeanDecoder.unsupported(model)
     candidates.append(("lean", lean_reason if lean_reason is not None else lambda: LeanDecoder(model)))
     skipped = []
+    level = logging.WARNING if loaded.kernel_error else logging.INFO
     for name, make in candidates:
         if isinstance(make, str):
             skipped.append(f"{name}: {make}")
@@ -174,16 +175,20 @@ def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decod
         if difference <= scale:
             team = f", {threads} threads" if name == "native" else ""
             passed = "".join(f"; {reason}" for reason in skipped)
-            log.info(
-                "decode step: %s%s (max relative logit difference %.1e%s)",
+            # NOTE: a kernel that could not be built is a fault to fix (a warning, once, naming why)
+            slower = ", several times slower than native" if loaded.kernel_error else ""
+            log.log(
+                level,
+                "decode step: %s%s%s (max relative logit difference %.1e%s)",
                 decoder.name,
                 team,
+                slower,
                 difference,
                 passed,
             )
             return decoder
         skipped.append(f"{name}: its logits differ from transformers' by {difference:.2e} (relative)")
-    log.info("decode step: transformers' forward (%s)", "; ".join(skipped))
+    log.log(level, "decode step: transformers' forward (%s)", "; ".join(skipped))
     return reference
 
 

@@ -48,12 +48,6 @@ class ServerSettings(BaseSettings):
         description="Bearer key of the operator: the /v1/cache/* admin routes (and, once any key is "
         "set, /metrics) need it; the key itself or a file holding it.",
     )
-    allow_anonymous_admin: bool = Field(
-        False,
-        description="Serve the /v1/cache/* admin routes (export, import, clear, gc, stats) to clients "
-        "without a key when neither --admin-key nor --api-keys is set: only on a trusted, single-user "
-        "machine (an import writes K/V every tenant is served).",
-    )
     api_keys: str | None = Field(
         None,
         description="Require Bearer keys on /v1: comma-separated `key` or `key=tenant`, or a file of "
@@ -79,7 +73,8 @@ class ServerSettings(BaseSettings):
         """A misspelt ``KVPROXY_*`` variable is ignored (``extra="ignore"``), but never without a
         word: before the fields are validated, so a required setting missing for a typo gets its
         hint too."""
-        for message in unknown_variables(cls.command, cls.model_fields, os.environ):
+        given = data if isinstance(data, dict) else {}
+        for message in unknown_variables(cls.command, cls.model_fields, os.environ, given):
             warn_once(message)
         return data
 
@@ -107,6 +102,13 @@ class Settings(ServerSettings):
     """Everything ``kvproxy serve`` can be told; read once at start-up by the CLI or the app factory."""
 
     command: ClassVar[str] = "kvproxy serve"
+
+    allow_anonymous_admin: bool = Field(
+        False,
+        description="Serve the /v1/cache/* admin routes (export, import, clear, gc, stats) to clients "
+        "without a key when neither --admin-key nor --api-keys is set: only on a trusted, single-user "
+        "machine (an import writes K/V every tenant is served).",
+    )
 
     model: str = Field(
         "smollm2-135m-instruct",

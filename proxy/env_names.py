@@ -15,13 +15,31 @@ PREFIX = "KVPROXY_"
 READ_ELSEWHERE = frozenset({"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL"})
 """``KVPROXY_*`` variables that name no setting but are read on purpose: ``kvproxy cache``'s
 ``--api-key`` and the tests' Redis (``tests/conftest.py``)."""
+CLIENT_KEY = "KVPROXY_API_KEY"
+"""The key ``kvproxy cache`` sends: set for a server, it is a server left open by mistake for
+``KVPROXY_API_KEYS`` (the keys a server requires), unless those are set too."""
 
 
-def unknown_variables(command: str, fields: Iterable[str], environ: Mapping[str, str]) -> list[str]:
+def unknown_variables(
+    command: str, fields: Iterable[str], environ: Mapping[str, str], given: Iterable[str] = ()
+) -> list[str]:
     """One warning per ``KVPROXY_*`` variable of ``environ`` that names none of ``fields`` (the
-    settings of ``command``), naming the setting it probably meant where one is close."""
+    settings of ``command``), naming the setting it probably meant where one is close; and one for
+    ``CLIENT_KEY`` where ``command`` takes ``api_keys`` but neither ``given`` (the settings passed
+    as flags) nor ``environ`` sets them."""
     known = {name.upper() for name in fields}
+    upper = {variable.upper() for variable in environ}
     warnings = []
+    if (
+        CLIENT_KEY in upper
+        and "API_KEYS" in known
+        and "api_keys" not in given
+        and f"{PREFIX}API_KEYS" not in upper
+    ):
+        warnings.append(
+            f"{CLIENT_KEY} is the key kvproxy cache sends, not a setting of {command}: no key is required "
+            f"here; to require keys, set {PREFIX}API_KEYS (--api-keys)"
+        )
     for variable in sorted(environ):
         # NOTE: pydantic-settings reads the names case-insensitively, so they are compared so too
         name = variable.upper().removeprefix(PREFIX)

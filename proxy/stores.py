@@ -137,9 +137,6 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
             ram_blocks,
             spec.block_bytes,
         )
-    if cache.admin.health() != "ok":
-        log.warning(
-            "%s. Serving uncached for now; caching starts on its own once it answers.",
-            redis_trouble(settings),
-        )
+    # NOTE: one probe now: a Redis fault is logged once, by the cache's guard, with what to do
+    cache.admin.health()
     return cache

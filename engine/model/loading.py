@@ -50,6 +50,8 @@ class LoadedModel:
         codes: the source's block codes by parameter name (``weights == "source"``), else empty.
         kernels: the native decode step's library (``engine.kernels.build``), or None off the CPU
             or where it cannot be built (the decode step is then torch's).
+        kernel_error: why the library could not be read, built or loaded on the CPU, or None (said
+            in the decode step's log line, ``engine.decoding.pick_decoder``).
     """
 
     name: str
@@ -62,6 +64,7 @@ class LoadedModel:
     aliases: tuple[str, ...] = ()
     codes: dict[str, Codes] = field(default_factory=dict)
     kernels: ctypes.CDLL | None = None
+    kernel_error: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -136,13 +139,12 @@ def load_model(
     """
     kind = device_kind(device)
     name, model_dir = resolve_model_dir(spec, cache_dir, convert_gguf)
-    kernels, blocker = None, None
+    kernels, kernel_error, blocker = None, None, None
     try:
         # NOTE: only for the CPU: the library's native step and K/V gather run nowhere else
         kernels = load_kernels(Path(cache_dir)) if kind == "cpu" else None
     except KernelUnavailable as exc:
-        blocker = f"no native decode step ({exc})"
-        log.warning("decode step: %s; decoding with torch's, several times slower", blocker)
+        kernel_error, blocker = str(exc), "no native decode step"
     if blocker is None and not (model_dir / SOURCE_GGUF).is_file():
         blocker = "the model has no GGUF source"
     dtype, fmt = resolve_formats(dtype, weights, kind, blocker)
@@ -186,6 +188,7 @@ def load_model(
         eos_token_ids=frozenset(eos_ids),
         codes=codes,
         kernels=kernels,
+        kernel_error=kernel_error,
     )
     log.info("attention: %s", loaded.attention)
     return loaded

@@ -104,10 +104,16 @@ def require_admin(request: Request) -> None:
     """The cache routes that read or write cache contents (``/v1/cache/*``): only the admin key
     passes, 403 for a valid API key (it names a tenant, not an operator), 401 otherwise. Closed by
     default: without ``--admin-key``, anonymous clients pass only when the operator opted in
-    (``--allow-anonymous-admin``) and no API keys are set."""
+    (``--allow-anonymous-admin``) and no API keys are set. A server without an admin key says so,
+    since no client key can pass it."""
     settings: Settings = request.app.state.settings
     if is_admin(request) or (settings.allow_anonymous_admin and not keys_configured(request)):
         return
+    if settings.admin_key is None:
+        # NOTE: no key would pass: the operator must start the server differently, not the client
+        how = "" if keys_configured(request) else " (or --allow-anonymous-admin, on a server without keys)"
+        none = "this route needs the admin key and this server has none"
+        _refuse(request, f"{none}: start it with --admin-key{how}")
     _refuse(request, "this route needs the admin key (--admin-key)")
 
 

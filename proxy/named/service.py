@@ -22,7 +22,7 @@ from hashing import BlockHash, Namespace
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.named.registry import MemoryNamedCaches, NamedCache, NamedCaches, RedisNamedCaches
-from proxy.responses.state import STATE_TIMEOUT_S
+from proxy.responses.state import state_timeout
 from proxy.serving.rendering import RenderError, render_chat
 from store.index.memory.index import MEMORY_URL
 from store.index.redis.connect import REDIS_ERRORS, redis_client
@@ -38,7 +38,7 @@ def open_named(settings: Settings) -> NamedCaches:
     """The named caches ``--redis-url`` names (in this process for ``memory://``)."""
     if settings.redis_url.startswith(MEMORY_URL):
         return MemoryNamedCaches()
-    client = redis_client(settings.redis_url, max(settings.redis_timeout, STATE_TIMEOUT_S))
+    client = redis_client(settings.redis_url, state_timeout(settings))
     return RedisNamedCaches(client, settings.key_prefix)
 
 

@@ -26,7 +26,7 @@ from proxy.responses.continuation import continuation
 from proxy.responses.events import events
 from proxy.responses.items import chat_messages, check_calls, input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param
-from proxy.responses.state import ResponseStore, StoredResponse
+from proxy.responses.state import ResponseStore, StoredResponse, state_place
 from proxy.serving.running import complete, written_tokens
 from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.state import EngineDep, SettingsDep
@@ -182,7 +182,8 @@ async def create(
                     responses.put, tenant, StoredResponse(response, items, conversation, after)
                 )
             except REDIS_ERRORS as exc:
-                log.warning("response %s was not stored: %s", response["id"], redis_fault(exc))
+                place = state_place(settings)
+                log.warning("response %s was not stored: %s", response["id"], redis_fault(exc, place))
         return response
 
     if body.stream:

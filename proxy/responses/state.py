@@ -36,7 +36,8 @@ import xxhash
 from proxy.config import Settings
 from proxy.responses.continuation import Continuation
 from store.index.memory.index import MEMORY_URL
-from store.index.redis.connect import redis_client
+from store.index.redis.connect import redact_url, redis_client
+from store.index.redis.faults import RedisPlace
 
 SEEN_EXTRA_S = 7 * 86_400
 """How much longer than a response its "seen" marker lives."""
@@ -219,11 +220,23 @@ STATE_TIMEOUT_S = 2.0
 a slow Redis delays them rather than losing them (the cache's ``--redis-timeout`` may be 0.25 s)."""
 
 
+def state_timeout(settings: Settings) -> float:
+    """Seconds a Redis operation on stored responses or named caches may take."""
+    return max(settings.redis_timeout, STATE_TIMEOUT_S)
+
+
+def state_place(settings: Settings) -> RedisPlace:
+    """The Redis of stored responses and named caches as their warnings name it: its URL and their
+    own timeout (``state_timeout``)."""
+    longer = f"--redis-timeout or {STATE_TIMEOUT_S:g} s if longer"
+    return RedisPlace(redact_url(settings.redis_url), state_timeout(settings), longer)
+
+
 def open_responses(settings: Settings) -> ResponseStore:
     """The response store ``--redis-url`` names (in this process for ``memory://``), with
     ``--responses-ttl`` and ``--responses-max-bytes``; nothing is contacted yet."""
     ttl, budget = settings.responses_ttl, settings.responses_max_bytes
     if settings.redis_url.startswith(MEMORY_URL):
         return MemoryResponses(ttl, budget)
-    client = redis_client(settings.redis_url, max(settings.redis_timeout, STATE_TIMEOUT_S))
+    client = redis_client(settings.redis_url, state_timeout(settings))
     return RedisResponses(client, settings.key_prefix, ttl, budget)

@@ -7,6 +7,10 @@ error, a timeout or a 429/502/503 before the first byte opens the breaker for
 after being down, or whose ``/health`` reports another start time (it restarted), gets a new
 epoch in the route index, so the prefixes it held before stop counting; unless its ``/health``
 says its cache survives (``"cache_persistent": true``, as ``kvproxy serve`` on Redis does).
+
+The same probe lists each replica's models (``GET /v1/models``), which requests naming a model are
+routed by, with the key ``probe_key`` picks. A replica that refuses it (401, 403) gets one warning,
+until it lists them again: the router then does not know its models.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from proxy.http.auth import parse_api_keys
 from store.breaker import CircuitBreaker
 
 log = logging.getLogger("route")
@@ -38,6 +43,7 @@ class Replica:
     epoch: int = 0
     started: object = None  # what its /health last said about its start, when it says
     models: set[str] = field(default_factory=set)
+    refused: bool = False  # whether its last answer to GET /v1/models was a 401 or 403 (warned once)
 
     @property
     def root(self) -> str:
@@ -49,10 +55,33 @@ class Replica:
         return self.up and self.breaker.allow()
 
 
-class Replicas:
-    """Every replica, in the order given, plus this router's own in-flight counts."""
+def probe_key(api_keys: str | None) -> str | None:
+    """The key the health probe lists each replica's models with, given the router's ``--api-keys``
+    (its raw value): the first key listed (a file's first), which a replica started with the same
+    ``--api-keys`` accepts; None without API keys, when a ``kvproxy serve`` replica started without
+    them lists its models to anyone. Never ``--admin-key``: ``kvproxy serve`` takes it on its
+    operator routes only, not on ``/v1``.
 
-    def __init__(self, urls: list[str], connect_timeout_s: float, cooldown_s: float) -> None:
+    Raises:
+        ValueError, OSError: ``api_keys`` names no key, or a file that cannot be read.
+    """
+    keys = parse_api_keys(api_keys)
+    return None if keys is None else next(iter(keys))
+
+
+class Replicas:
+    """Every replica, in the order given, plus this router's own in-flight counts.
+
+    Args:
+        urls: the replicas' OpenAI base URLs (``http://host:port/v1``), credentials allowed.
+        connect_timeout_s: seconds to connect to a replica.
+        cooldown_s: seconds a failed replica is skipped (its breaker's cooldown).
+        probe_key: the key the probe lists models with (``probe_key()``), None to send none.
+    """
+
+    def __init__(
+        self, urls: list[str], connect_timeout_s: float, cooldown_s: float, probe_key: str | None = None
+    ) -> None:
         timeout = httpx.Timeout(None, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self.all = []
@@ -67,6 +96,7 @@ class Replicas:
             client = httpx.AsyncClient(timeout=timeout, limits=limits, auth=auth)
             self.all.append(Replica(url, client, CircuitBreaker(cooldown_s)))
         self.inflight: Counter[str] = Counter()
+        self.probe_key = probe_key
 
     def candidates(
         self, model: str | None, exclude: set[str] | frozenset[str] = frozenset()
@@ -101,12 +131,41 @@ class Replicas:
             and (not replica.up or (started is not None and started != replica.started))
         )
         replica.started = started
-        try:
-            listed = await replica.client.get(f"{replica.url}/models", timeout=PROBE_TIMEOUT_S)
-            replica.models = {m["id"] for m in listed.json().get("data", [])}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
-            pass
+        await self._list_models(replica)
         return True, restarted
+
+    async def _list_models(self, replica: Replica) -> None:
+        """``replica.models`` from its ``GET /v1/models``, asked with ``probe_key``; kept as they
+        were when it does not answer 200 with a list of models."""
+        # NOTE: a Basic auth in the replica's URL (the client's auth) replaces this header, as it
+        # does a client's key on the requests forwarded there
+        headers = {} if self.probe_key is None else {"Authorization": f"Bearer {self.probe_key}"}
+        try:
+            listed = await replica.client.get(
+                f"{replica.url}/models", headers=headers, timeout=PROBE_TIMEOUT_S
+            )
+        except httpx.HTTPError:
+            return
+        refused = listed.status_code in (401, 403)
+        if refused and not replica.refused:
+            sent = "its first --api-keys key" if self.probe_key else "no key: the router has no --api-keys"
+            log.warning(
+                "replica %s refuses to list its models to the router (GET /v1/models: %d %s; sent %s), "
+                "so the router does not know them: requests naming a model go to it only while no "
+                "replica listing that model is up. Give the router the replicas' API keys "
+                "(--api-keys, KVPROXY_API_KEYS).",
+                replica.url,
+                listed.status_code,
+                listed.reason_phrase,
+                sent,
+            )
+        replica.refused = refused
+        if listed.status_code != 200:
+            return
+        try:
+            replica.models = {m["id"] for m in listed.json().get("data", [])}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
 
     async def close(self) -> None:
         await asyncio.gather(*(r.client.aclose() for r in self.all))

@@ -18,7 +18,7 @@ from proxy.router.identity import Identity, PromptKey
 from proxy.router.index import RouteIndex
 from proxy.router.metrics import RouterMetrics
 from proxy.router.policy import Choice, Endpoint, Thresholds, choose
-from proxy.router.replicas import Replica, Replicas
+from proxy.router.replicas import Replica, Replicas, probe_key
 from proxy.router.settings import RouteSettings
 from store.breaker import CircuitBreaker
 from store.index.redis.connect import REDIS_ERRORS, redact_url
@@ -42,7 +42,12 @@ class Router:
 
     def __init__(self, settings: RouteSettings, index: RouteIndex | None, identity: Identity) -> None:
         self.settings, self.index, self.identity = settings, index, identity
-        self.replicas = Replicas(settings.upstreams, settings.connect_timeout, settings.replica_cooldown)
+        self.replicas = Replicas(
+            settings.upstreams,
+            settings.connect_timeout,
+            settings.replica_cooldown,
+            probe_key(settings.api_keys),
+        )
         self.metrics = RouterMetrics([r.url for r in self.replicas.all])
         self.thresholds = Thresholds(
             settings.balance_abs_threshold,

@@ -1,14 +1,20 @@
 """Settings of ``kvproxy route`` (``docs/router.md``): ``ServerSettings`` plus the replicas and the
-routing policy. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<field>``."""
+routing policy. Environment variables: ``KVPROXY_<FIELD>``; CLI flags: ``--<field>``.
+
+NOTE: the shared settings whose ``serve`` description is untrue of the router (it loads no model,
+stores no blocks and serves no ``/v1/cache/*``) are declared again here, with the same default and
+bounds and the router's own description (``tests/unit/proxy/router/test_route_settings.py`` holds
+to that)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from proxy.config import ServerSettings
+from proxy.config import ServerSettings, default_cache_dir
 from proxy.router.policy import Policy
 from store.index.redis.connect import redact_url
 
@@ -19,6 +25,40 @@ class RouteSettings(ServerSettings):
     command: ClassVar[str] = "kvproxy route"
 
     port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where a model --tokenizer names (a known model, a .gguf file) is fetched and "
+        "converted; the router reads only its tokenizer.",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis holding the route index the routers share (which replica was sent which "
+        "prompt blocks, the loads, where responses are): redis://, rediss:// (TLS), unix://, "
+        "redis+cluster://HOST:PORT[,HOST:PORT...] or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB] "
+        "(Redis >= 7); memory://: none, this router routes on its own in-flight counts (not by prefix).",
+    )
+    key_prefix: str = Field(
+        "kvp:",
+        description="Prefix of every Redis key the router writes; routers on one Redis and prefix share "
+        "their route index.",
+    )
+    admin_key: str | None = Field(
+        None,
+        description="Bearer key of the operator: once any key is set (this or --api-keys), /metrics and "
+        "/stats need it; the key itself or a file holding it.",
+    )
+    api_keys: str | None = Field(
+        None,
+        description="Require Bearer keys on /v1 and /v1beta: comma-separated `key` or `key=tenant`, or a "
+        "file of one per line; keys naming the same tenant share routes, others never do. Give the "
+        "replicas' keys: a client's key is passed on to them, and the first key lists their models.",
+    )
+    redis_retry: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds to route on this router's own counts after a Redis failure before trying "
+        "Redis again.",
+    )
     upstream: str = Field(
         ...,
         min_length=1,

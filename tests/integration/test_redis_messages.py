@@ -6,9 +6,12 @@ raise --redis-timeout) is never reported as one that is not there (start Redis o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -16,16 +19,19 @@ import redis
 from click.testing import CliRunner
 
 from proxy.cli import main
+from proxy.responses.state import open_responses, state_place
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
 from proxy.router.routing import Router
 from proxy.router.settings import RouteSettings
 from proxy.stores import open_admin, open_cache
 from store.index.redis.connect import redis_client
+from store.index.redis.faults import redis_fault
 from tests.helpers import SPEC, RedisServer, free_port
 
 TIMEOUT = "did not answer within --redis-timeout (0.25 s): it is overloaded, paused or far away"
 UNREACHABLE = "is unreachable: nothing answers there"
+NOT_REDIS = "is not a Redis server: what answers there does not speak Redis's protocol"
 
 
 @pytest.fixture
@@ -50,26 +56,50 @@ def warnings(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
 
 
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    """A port where an HTTP server answers whatever it is sent with a 400 (not Redis)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+
+        def answer() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = listener.accept()
+                    with connection:
+                        connection.recv(4096)
+                        connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        yield listener.getsockname()[1]
+
+
 def test_a_paused_redis_at_start_is_a_timeout_and_a_missing_one_is_unreachable(
-    settings, paused, caplog
+    settings, paused, http_port, caplog
 ) -> None:
-    """The serving cache's start-up warning: for the paused Redis, the timeout and its advice;
-    for a port nothing listens on, unreachable and the advice to start it; never the other's."""
+    """The serving cache's start-up warning, one line: for the paused Redis, the timeout and its
+    advice; for a port nothing listens on, unreachable and the advice to start it; for an HTTP
+    server, not Redis and the advice to check the address; never another's."""
     pause(paused)
     missing = f"redis://127.0.0.1:{free_port()}/0"
-    for url, says, never in ((paused.url, TIMEOUT, UNREACHABLE), (missing, UNREACHABLE, TIMEOUT)):
+    http = f"redis://127.0.0.1:{http_port}/0"
+    advice = {
+        TIMEOUT: "raise --redis-timeout (KVPROXY_REDIS_TIMEOUT)",
+        UNREACHABLE: "start Redis (redis-server) or set --redis-url (KVPROXY_REDIS_URL)",
+        NOT_REDIS: "check the host and port in --redis-url (KVPROXY_REDIS_URL)",
+    }
+    for url, says in ((paused.url, TIMEOUT), (missing, UNREACHABLE), (http, NOT_REDIS)):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             cache = open_cache(settings.model_copy(update={"redis_url": url, "redis_timeout": 0.25}), SPEC)
             cache.close()
         logged = warnings(caplog)
+        assert logged.count("Redis at") == 1, logged
         assert f"Redis at {url} {says}" in logged, logged
-        assert "Serving uncached for now; caching starts on its own once it answers." in logged
-        assert never not in logged
-        if says == UNREACHABLE:
-            assert "start Redis (redis-server) or set --redis-url (KVPROXY_REDIS_URL)" in logged
-        else:
-            assert "raise --redis-timeout (KVPROXY_REDIS_TIMEOUT)" in logged
+        assert advice[says] in logged
+        assert "Serving uncached; caching resumes on its own when Redis answers." in logged
+        assert not any(other in logged for other in advice if other != says), logged
 
 
 def test_redis_paused_while_serving_is_logged_as_a_timeout(settings, paused, caplog) -> None:
@@ -132,3 +162,16 @@ def test_the_router_tells_a_paused_redis_from_a_missing_one(paused, caplog) -> N
             asyncio.run(probe_once(Router(settings, index, Identity(None))))
         assert f"Redis at {url} {says}" in warnings(caplog), warnings(caplog)
         assert "Routing on local counts until it answers." in warnings(caplog)
+
+
+def test_stored_responses_name_their_own_timeout(settings, paused) -> None:
+    """Stored responses wait longer than the cache (state, not cache): a paused Redis is reported
+    with the timeout they waited, and where it comes from."""
+    state = settings.model_copy(update={"redis_url": paused.url, "redis_timeout": 0.25})
+    responses = open_responses(state)
+    pause(paused)
+    with pytest.raises(redis.TimeoutError) as raised:
+        responses.get("tenant", "resp_1")
+    fault = redis_fault(raised.value, state_place(state))
+    assert fault.kind == "timeout"
+    assert f"Redis at {paused.url} did not answer within --redis-timeout or 2 s if longer (2 s)" in str(fault)

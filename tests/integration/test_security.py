@@ -67,7 +67,8 @@ def pack(files: dict[str, bytes]) -> bytes:
 
 def test_the_cache_routes_refuse_anonymous_clients_by_default(settings, tiny_model, serve) -> None:
     """With no key configured (the default), every /v1/cache/* route that reads or writes cache
-    contents is a 401 naming the admin key, and changes nothing; prewarm and chat stay open."""
+    contents is a 401 saying the server has no admin key and how to start it with one (a key sent
+    or not), and changes nothing; prewarm and chat stay open."""
     with serve(closed(settings), tiny_model) as server:
         Api(server).complete(PROMPT_A)
         Api(server).flush()
@@ -79,8 +80,10 @@ def test_the_cache_routes_refuse_anonymous_clients_by_default(settings, tiny_mod
             httpx.post(f"{base}/gc", timeout=30),
             httpx.get(f"{base}/stats", timeout=30),
         ]
-        assert [r.status_code for r in calls] == [401] * 5
-        assert all("--admin-key" in r.json()["error"]["message"] for r in calls)
+        calls.append(httpx.get(f"{base}/stats", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30))
+        assert [r.status_code for r in calls] == [401] * 6
+        says = "this route needs the admin key and this server has none: start it with --admin-key"
+        assert all(r.json()["error"]["message"].startswith(says) for r in calls), calls[0].json()
         # nothing cleared: 3 blocks and 2 tails (the prompt's last token; it and the 8 generated)
         assert server.app.state.cache.usage()[0] == 3 + 2
         prewarm = httpx.post(f"{base}/prewarm", json={"prompt": PROMPT_B}, timeout=60)
@@ -95,7 +98,9 @@ def test_the_admin_key_opens_them_and_a_tenant_key_does_not(settings, tiny_model
         url = f"{server.base_url}/v1/cache/stats"
         assert httpx.get(url, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
         assert httpx.get(url, headers={"Authorization": "Bearer tenant-key"}).status_code == 403
-        assert httpx.get(url).status_code == 401
+        anonymous = httpx.get(url)
+        assert anonymous.status_code == 401
+        assert anonymous.json()["error"]["message"] == "this route needs the admin key (--admin-key)"
     with serve(closed(settings, allow_anonymous_admin=True, admin_key=ADMIN), tiny_model) as server:
         assert httpx.get(f"{server.base_url}/v1/cache/stats").status_code == 401  # a key exists
     with serve(closed(settings, allow_anonymous_admin=True), tiny_model) as server:

@@ -4,6 +4,7 @@ costs the native decode step, never the server."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -109,9 +110,10 @@ def test_the_installed_wheel_serves_with_the_native_step(venv: Path, tiny_model,
 def test_without_the_kernel_source_it_decodes_with_torch(
     venv: Path, kernel_source: Path, tiny_model, tmp_path: Path
 ) -> None:
-    """A missing kernel source is one log line naming why, then torch's step; the chat answers."""
+    """A missing kernel source is one log line, naming why and the step decoding instead; the chat
+    answers."""
     kernel_source.unlink()
     log = serve_one_chat(venv, tiny_model.model.name_or_path, tmp_path)
-    assert "cannot read its source decode.cpp" in log, log
-    assert "decode step: native" not in log
-    assert "decode step: lean" in log or "decode step: transformers' forward" in log, log
+    said = [line for line in log.splitlines() if "cannot read its source decode.cpp" in line]
+    assert len(said) == 1, log
+    assert re.search(r"WARNING .*decode step: (lean|transformers' forward)", said[0]), said

@@ -1,5 +1,6 @@
 """What a failed Redis call tells an operator: Redis too slow to answer within the timeout,
-nothing answering at its address, credentials it refused, or another fault; each with the advice
+nothing answering at its address, credentials it refused, something not Redis answering there, or
+another fault; each with the advice
 that fits it (a slow Redis needs a longer ``--redis-timeout``, not a start).
 
 ``store/`` reads no settings: a caller that knows the URL and the timeout passes them as a
@@ -17,11 +18,12 @@ from redis.exceptions import RedisClusterUnreachableError
 
 from store.index.redis.connect import REDIS_ERRORS
 
-RedisFaultKind = Literal["timeout", "unreachable", "auth", "other"]
+RedisFaultKind = Literal["timeout", "unreachable", "auth", "not_redis", "other"]
 """Why a Redis call failed: ``timeout`` (connected, or connecting, but no answer within the
 timeout: Redis is overloaded, paused or far away), ``unreachable`` (nothing answers at the
 address: refused, no route, unknown host, connection closed), ``auth`` (the credentials or the
-user's permissions were refused), ``other`` (Redis answered with an error)."""
+user's permissions were refused), ``not_redis`` (something answered that does not speak Redis's
+protocol, RESP: an HTTP server, say), ``other`` (Redis answered with an error)."""
 
 _AUTH = (redis.AuthenticationError, redis.exceptions.AuthorizationError, redis.exceptions.NoPermissionError)
 _BUSY = (redis.exceptions.BusyLoadingError, redis.exceptions.MaxClientsReachedError)
@@ -33,10 +35,12 @@ DETAIL_CHARS = 200
 @dataclass(frozen=True)
 class RedisPlace:
     """The Redis a message is about: ``url`` as logs may show it (``redact_url``'s), and
-    ``timeout_s``, the seconds a call may take (``--redis-timeout``); None where unknown."""
+    ``timeout_s``, the seconds a call may take, None where unknown; ``timeout_name`` says where that
+    timeout comes from (``--redis-timeout``, or a rule of the caller's built on it)."""
 
     url: str | None = None
     timeout_s: float | None = None
+    timeout_name: str = "--redis-timeout"
 
     @property
     def name(self) -> str:
@@ -60,13 +64,16 @@ def redis_fault(exc: BaseException, place: RedisPlace | None = None) -> RedisFau
     """``exc`` (raised by a Redis call on ``place``) as a ``RedisFault``.
 
     The kind comes from the exception and its causes: a ``redis.TimeoutError`` or socket timeout
-    is ``timeout``; refused credentials or a missing ACL permission ``auth``; any other
-    connection error (refused, unknown host, closed) ``unreachable``; anything else ``other``.
+    is ``timeout``; refused credentials or a missing ACL permission ``auth``; a reply that is not
+    RESP (``redis.exceptions.InvalidResponse``) ``not_redis``; any other connection error
+    (refused, unknown host, closed) ``unreachable``; anything else ``other``.
     """
     place = place or RedisPlace()
     kind = fault_kind(exc)
     if kind == "timeout":
-        within = "--redis-timeout" if place.timeout_s is None else f"--redis-timeout ({place.timeout_s:g} s)"
+        within = (
+            place.timeout_name if place.timeout_s is None else f"{place.timeout_name} ({place.timeout_s:g} s)"
+        )
         return RedisFault(
             kind,
             f"{place.name} did not answer within {within}: it is overloaded, paused or far away; "
@@ -83,6 +90,12 @@ def redis_fault(exc: BaseException, place: RedisPlace | None = None) -> RedisFau
             kind,
             f"{place.name} refused the credentials ({_detail(exc)}): check the user and password in "
             "--redis-url (KVPROXY_REDIS_URL) and the user's ACL permissions",
+        )
+    if kind == "not_redis":
+        return RedisFault(
+            kind,
+            f"{place.name} is not a Redis server: what answers there does not speak Redis's protocol "
+            f"({_detail(exc)}); check the host and port in --redis-url (KVPROXY_REDIS_URL)",
         )
     return RedisFault(
         kind, f"{place.name} failed ({type(exc).__name__}: {_detail(exc)}): see the Redis server's log"
@@ -101,6 +114,8 @@ def fault_kind(exc: BaseException) -> RedisFaultKind:
         return "timeout"  # NOTE: socket.timeout is TimeoutError
     if any(isinstance(e, _AUTH) for e in chain):
         return "auth"
+    if any(isinstance(e, redis.exceptions.InvalidResponse) for e in chain):
+        return "not_redis"
     if isinstance(exc, _BUSY):
         return "other"  # NOTE: Redis is there (loading its data, or out of client slots)
     connection = redis.ConnectionError | RedisClusterUnreachableError | ConnectionError

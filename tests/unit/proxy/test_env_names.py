@@ -72,10 +72,32 @@ def test_a_required_setting_missing_for_a_typo_is_refused_with_the_hint(monkeypa
     ]
 
 
-def test_variables_read_on_purpose_elsewhere_are_not_warned_about(monkeypatch, logged) -> None:
-    """`kvproxy cache`'s KVPROXY_API_KEY and the tests' KVPROXY_TEST_REDIS_URL are no settings, but
-    no mistake either; names are read case-insensitively, as pydantic-settings reads them."""
+def test_the_client_key_without_server_keys_is_a_server_left_open(monkeypatch, logged) -> None:
+    """KVPROXY_API_KEY (the key `kvproxy cache` sends) set for a server that requires no key: one
+    warning pointing at KVPROXY_API_KEYS, from both servers; none once keys are required, by
+    variable or by flag."""
     monkeypatch.setenv("KVPROXY_API_KEY", "secret")
+    assert Settings().api_keys is None
+    RouteSettings(upstream="http://proxy:8000/v1")
+    assert logged.messages == [
+        f"KVPROXY_API_KEY is the key kvproxy cache sends, not a setting of kvproxy {command}: no key is "
+        "required here; to require keys, set KVPROXY_API_KEYS (--api-keys)"
+        for command in ("serve", "route")
+    ]
+    logged.clear()
+    env_names.warn_once.cache_clear()
+    parse_settings(Settings, {"api_keys": "secret=alice"})
+    monkeypatch.setenv("KVPROXY_API_KEYS", "secret=alice")
+    Settings()
+    assert logged.messages == []
+
+
+def test_variables_read_on_purpose_elsewhere_are_not_warned_about(monkeypatch, logged) -> None:
+    """`kvproxy cache`'s KVPROXY_API_KEY beside the keys a server requires, and the tests'
+    KVPROXY_TEST_REDIS_URL, are no settings, but no mistake either; names are read
+    case-insensitively, as pydantic-settings reads them."""
+    monkeypatch.setenv("KVPROXY_API_KEY", "secret")
+    monkeypatch.setenv("KVPROXY_API_KEYS", "secret=alice")
     monkeypatch.setenv("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     monkeypatch.setenv("kvproxy_key_prefix", "kvp-test:")
     assert Settings().key_prefix == "kvp-test:"
