@@ -18,8 +18,11 @@ from bench.cli import bench
 from engine.model.convert import convert_gguf
 from engine.model.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
 from proxy.cache_commands import cache
+from proxy.config import Settings
 from proxy.flags import load_settings, parse_settings, route_options, settings_options
 from proxy.router.settings import RouteSettings
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 @click.group()
@@ -61,7 +64,8 @@ def serve(**flags: Any) -> None:
     from proxy.http.limits import server_config
     from proxy.stores import blob_budget
 
-    settings = load_settings(**flags)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # NOTE: before the settings warn
+    settings = parse_settings(Settings, flags)
     try:
         parse_api_keys(settings.api_keys)
     except (ValueError, OSError) as exc:
@@ -72,7 +76,6 @@ def serve(**flags: Any) -> None:
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
     check_port(settings.host, settings.port)  # NOTE: before the model loads, not after
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         loaded = load_model_apart(
             settings.model,
@@ -99,13 +102,13 @@ def route(**flags: Any) -> None:
     from proxy.http.limits import server_config
     from proxy.router.app import create_route_app, load_identity
 
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # NOTE: before the settings warn
     settings = parse_settings(RouteSettings, flags)
     try:
         parse_api_keys(settings.api_keys)
         identity = load_identity(settings)
     except (ValueError, OSError, ModelError) as exc:
         raise click.UsageError(str(exc)) from exc
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per health probe
     check_port(settings.host, settings.port)
     app = create_route_app(settings, identity)

@@ -29,6 +29,8 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", allow_inf_nan=False)
     command: ClassVar[str] = "kvproxy"
     """The command these settings are of, as the warnings about unknown variables name it."""
+    serves: ClassVar[bool] = True
+    """Whether that command is a server that ``api_keys`` guards (``proxy.env_names.CLIENT_KEY``)."""
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
@@ -74,7 +76,7 @@ class ServerSettings(BaseSettings):
         word: before the fields are validated, so a required setting missing for a typo gets its
         hint too."""
         given = data if isinstance(data, dict) else {}
-        for message in unknown_variables(cls.command, cls.model_fields, os.environ, given):
+        for message in unknown_variables(cls.command, cls.model_fields, os.environ, given, serves=cls.serves):
             warn_once(message)
         return data
 
@@ -261,3 +263,12 @@ class Settings(ServerSettings):
         if self.blob_url is not None and self.blob_url.startswith("s3:"):
             return self.blob_url
         return self.blob_root.absolute().as_uri()
+
+
+class ToolSettings(Settings):
+    """``kvproxy serve``'s settings as the commands that open its cache or its models directly read
+    them (``kvproxy cache``, ``kvproxy models``): no server, so ``KVPROXY_API_KEY``, the key
+    ``kvproxy cache`` sends, is no mistake here."""
+
+    command: ClassVar[str] = "kvproxy cache/models"
+    serves: ClassVar[bool] = False

@@ -21,21 +21,22 @@ CLIENT_KEY = "KVPROXY_API_KEY"
 
 
 def unknown_variables(
-    command: str, fields: Iterable[str], environ: Mapping[str, str], given: Iterable[str] = ()
+    command: str,
+    fields: Iterable[str],
+    environ: Mapping[str, str],
+    given: Mapping[str, object] | None = None,
+    *,
+    serves: bool = True,
 ) -> list[str]:
     """One warning per ``KVPROXY_*`` variable of ``environ`` that names none of ``fields`` (the
     settings of ``command``), naming the setting it probably meant where one is close; and one for
-    ``CLIENT_KEY`` where ``command`` takes ``api_keys`` but neither ``given`` (the settings passed
-    as flags) nor ``environ`` sets them."""
+    ``CLIENT_KEY`` where ``command`` ``serves`` behind ``api_keys`` but neither ``given`` (the
+    settings passed as flags) nor ``environ`` sets any."""
     known = {name.upper() for name in fields}
-    upper = {variable.upper() for variable in environ}
+    upper = {variable.upper(): value for variable, value in environ.items()}
     warnings = []
-    if (
-        CLIENT_KEY in upper
-        and "API_KEYS" in known
-        and "api_keys" not in given
-        and f"{PREFIX}API_KEYS" not in upper
-    ):
+    keys = (given or {}).get("api_keys") or upper.get(f"{PREFIX}API_KEYS")
+    if CLIENT_KEY in upper and serves and "API_KEYS" in known and not str(keys or "").strip():
         warnings.append(
             f"{CLIENT_KEY} is the key kvproxy cache sends, not a setting of {command}: no key is required "
             f"here; to require keys, set {PREFIX}API_KEYS (--api-keys)"

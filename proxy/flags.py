@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import click
 from pydantic import BeforeValidator, ValidationError
 
-from proxy.config import ServerSettings, Settings
+from proxy.config import ServerSettings, Settings, ToolSettings
 from proxy.router.settings import RouteSettings
 
 S = TypeVar("S", bound=ServerSettings)
@@ -65,9 +65,10 @@ def route_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return settings_options(func, RouteSettings)
 
 
-def load_settings(**flags: Any) -> Settings:
-    """``kvproxy serve``'s settings from the environment, overridden by the flags given."""
-    return parse_settings(Settings, flags)
+def load_settings(**flags: Any) -> ToolSettings:
+    """``kvproxy serve``'s settings, as ``kvproxy cache`` and ``kvproxy models`` read them, from the
+    environment, overridden by the flags given."""
+    return parse_settings(ToolSettings, flags)
 
 
 def parse_settings(kind: type[S], flags: dict[str, Any]) -> S:

@@ -36,15 +36,23 @@ class Guard:
         cooldown_s: how long to skip Redis after it failed.
         stats: where Redis failures are counted (``redis_errors``).
         place: the Redis's URL and timeout, for the warnings (``store.index.redis.faults``).
+        warned: when each kind of warning was last logged (monotonic seconds), shared by the guards
+            of one Redis so that one fault is said once, whichever guard meets it first.
     """
 
-    def __init__(self, cooldown_s: float, stats: StatsRecorder, place: RedisPlace | None = None) -> None:
+    def __init__(
+        self,
+        cooldown_s: float,
+        stats: StatsRecorder,
+        place: RedisPlace | None = None,
+        warned: dict[str, float] | None = None,
+    ) -> None:
         self.breaker = CircuitBreaker(cooldown_s)
         self.stats = stats
         self.place = place or RedisPlace()
         self._scoped: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
-        self._last_warning: dict[str, float] = {}
+        self._last_warning = {} if warned is None else warned
 
     def allow(self) -> bool:
         """Whether Redis may be tried now (the whole index's breaker)."""

@@ -84,15 +84,16 @@ class StoreParts:
         """The parts of a cache on ``index`` and ``blobs``, with a RAM tier of ``ram_bytes``
         bytes and breakers that skip Redis for ``cooldown_s`` seconds after a failure (their
         warnings naming ``redis``)."""
-        recorder = StatsRecorder()
+        recorder, warned = StatsRecorder(), dict[str, float]()
         # NOTE: the deployment-wide counters have a breaker of their own: on a Redis Cluster they
         # may live on another node than a namespace's blocks, whose lookups must not stop with them.
+        # Their warnings are one with the index's: a Redis that is down is said to be once.
         return cls(
             index,
             blobs,
             RamTier(ram_bytes),
-            Guard(cooldown_s, recorder, redis),
-            Guard(cooldown_s, recorder, redis),
+            Guard(cooldown_s, recorder, redis, warned),
+            Guard(cooldown_s, recorder, redis, warned),
             recorder,
             index.shared_counters(),
             index.hot_prefixes(),

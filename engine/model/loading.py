@@ -144,7 +144,9 @@ def load_model(
         # NOTE: only for the CPU: the library's native step and K/V gather run nowhere else
         kernels = load_kernels(Path(cache_dir)) if kind == "cpu" else None
     except KernelUnavailable as exc:
-        kernel_error, blocker = str(exc), "no native decode step"
+        # NOTE: why is said once: by the decode step's line, or by --weights source's refusal
+        kernel_error = str(exc)
+        blocker = "no native decode step" + ("" if weights == "auto" else f" ({exc})")
     if blocker is None and not (model_dir / SOURCE_GGUF).is_file():
         blocker = "the model has no GGUF source"
     dtype, fmt = resolve_formats(dtype, weights, kind, blocker)

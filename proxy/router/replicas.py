@@ -10,13 +10,15 @@ says its cache survives (``"cache_persistent": true``, as ``kvproxy serve`` on R
 
 The same probe lists each replica's models (``GET /v1/models``), which requests naming a model are
 routed by, with the key ``probe_key`` picks. A replica that refuses it (401, 403) gets one warning,
-until it lists them again: the router then does not know its models.
+until it lists them again, and is asked again only every ``REFUSED_RETRY_S``: the router then does
+not know its models.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -28,6 +30,8 @@ from store.breaker import CircuitBreaker
 log = logging.getLogger("route")
 
 PROBE_TIMEOUT_S = 2.0
+REFUSED_RETRY_S = 60.0
+"""Seconds before a replica that refused to list its models to the router is asked again."""
 
 
 @dataclass
@@ -43,7 +47,7 @@ class Replica:
     epoch: int = 0
     started: object = None  # what its /health last said about its start, when it says
     models: set[str] = field(default_factory=set)
-    refused: bool = False  # whether its last answer to GET /v1/models was a 401 or 403 (warned once)
+    refused_at: float | None = None  # when it last refused GET /v1/models (401, 403; warned once)
 
     @property
     def root(self) -> str:
@@ -140,6 +144,8 @@ class Replicas:
         # NOTE: a Basic auth in the replica's URL (the client's auth) replaces this header, as it
         # does a client's key on the requests forwarded there
         headers = {} if self.probe_key is None else {"Authorization": f"Bearer {self.probe_key}"}
+        if replica.refused_at is not None and time.monotonic() - replica.refused_at < REFUSED_RETRY_S:
+            return  # NOTE: not a refused request in its log every probe
         try:
             listed = await replica.client.get(
                 f"{replica.url}/models", headers=headers, timeout=PROBE_TIMEOUT_S
@@ -147,7 +153,7 @@ class Replicas:
         except httpx.HTTPError:
             return
         refused = listed.status_code in (401, 403)
-        if refused and not replica.refused:
+        if refused and replica.refused_at is None:
             sent = "its first --api-keys key" if self.probe_key else "no key: the router has no --api-keys"
             log.warning(
                 "replica %s refuses to list its models to the router (GET /v1/models: %d %s; sent %s), "
@@ -159,7 +165,7 @@ class Replicas:
                 listed.reason_phrase,
                 sent,
             )
-        replica.refused = refused
+        replica.refused_at = time.monotonic() if refused else None
         if listed.status_code != 200:
             return
         try:

@@ -78,9 +78,10 @@ def http_port() -> Iterator[int]:
 def test_a_paused_redis_at_start_is_a_timeout_and_a_missing_one_is_unreachable(
     settings, paused, http_port, caplog
 ) -> None:
-    """The serving cache's start-up warning, one line: for the paused Redis, the timeout and its
-    advice; for a port nothing listens on, unreachable and the advice to start it; for an HTTP
-    server, not Redis and the advice to check the address; never another's."""
+    """The serving cache's start-up warning, one line (the counters, asked next, add none): for the
+    paused Redis, the timeout and its advice; for a port nothing listens on, unreachable and the
+    advice to start it; for an HTTP server, not Redis and the advice to check the address; never
+    another's."""
     pause(paused)
     missing = f"redis://127.0.0.1:{free_port()}/0"
     http = f"redis://127.0.0.1:{http_port}/0"
@@ -93,6 +94,7 @@ def test_a_paused_redis_at_start_is_a_timeout_and_a_missing_one_is_unreachable(
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             cache = open_cache(settings.model_copy(update={"redis_url": url, "redis_timeout": 0.25}), SPEC)
+            assert cache.admin.deployment_stats() is None  # NOTE: the counters' own breaker: no second line
             cache.close()
         logged = warnings(caplog)
         assert logged.count("Redis at") == 1, logged

@@ -1,7 +1,7 @@
 """``kvproxy route`` in front of two real ``kvproxy serve`` replicas started with API keys
 (``ka=alice,kb=bob``), each serving its own model name: a router with the same keys lists their
 models with its first key and routes by model; a router whose key they refuse says so once per
-replica, however often it probes."""
+replica, and asks again only after a minute, however often it probes."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ KEYS = "ka=alice,kb=bob"
 NAMES = ("alpha", "beta")
 LISTED = re.compile(r'HTTP Request: GET (\S+)/v1/models "HTTP/1.1 (\d+)')
 """httpx's line for each of the router's probes of a replica's models: (replica root, status)."""
+HEALTH = re.compile(r'HTTP Request: GET (\S+)/health "HTTP/1.1 200')
+"""httpx's line for each of the router's health probes of a replica that answered."""
 
 
 @pytest.fixture
@@ -104,16 +106,26 @@ def test_a_router_with_the_replicas_keys_learns_their_models_and_routes_by_them(
 def test_a_router_the_replicas_refuse_warns_once_per_replica(
     settings, replicas, caplog, api_keys, sent
 ) -> None:
-    """A key the replicas do not take (or none): after three refused listings of each replica, one
-    warning per replica, naming it, the 401 and KVPROXY_API_KEYS; the router knows no models."""
+    """A key the replicas do not take (or none): one warning per replica, naming it, the 401 and
+    KVPROXY_API_KEYS; over the next five health probes of each, no listing asked again (one 401 in
+    each replica's log, not one per probe); the router knows no models."""
     caplog.set_level(logging.INFO, logger="httpx")
     roots = [r.base_url for r in replicas]
+
+    def probed(root: str) -> int:
+        lines = (HEALTH.search(r.getMessage()) for r in caplog.records if r.name == "httpx")
+        return sum(1 for m in lines if m is not None and m.group(1) == root)
+
     with router(settings, replicas, api_keys) as front:
         wait_for(
-            lambda: all(listings(caplog)[(root, "401")] >= 3 for root in roots),
-            what="three refused listings of each replica",
+            lambda: all(listings(caplog)[(root, "401")] for root in roots), what="a refused listing of each"
+        )
+        since = {root: probed(root) for root in roots}
+        wait_for(
+            lambda: all(probed(root) >= since[root] + 5 for root in roots), what="five more health probes"
         )
         models = [r.models for r in front.app.state.router.replicas.all]
+    assert all(listings(caplog)[(root, "401")] == 1 for root in roots), listings(caplog)
     warned = refusals(caplog)
     assert models == [set(), set()]
     assert sorted(w.split()[1] for w in warned) == sorted(f"{root}/v1" for root in roots), warned

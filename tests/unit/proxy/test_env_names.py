@@ -14,7 +14,7 @@ import pytest
 from proxy import env_names
 from proxy.config import Settings
 from proxy.env_names import READ_ELSEWHERE
-from proxy.flags import parse_settings
+from proxy.flags import load_settings, parse_settings
 from proxy.router.settings import RouteSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,10 +86,26 @@ def test_the_client_key_without_server_keys_is_a_server_left_open(monkeypatch, l
     ]
     logged.clear()
     env_names.warn_once.cache_clear()
+    monkeypatch.setenv("KVPROXY_API_KEYS", " ")  # NOTE: no key: the server stays open, and is said to
+    parse_settings(Settings, {"api_keys": ""})
+    assert len(logged.messages) == 1
+    logged.clear()
+    env_names.warn_once.cache_clear()
     parse_settings(Settings, {"api_keys": "secret=alice"})
     monkeypatch.setenv("KVPROXY_API_KEYS", "secret=alice")
     Settings()
     assert logged.messages == []
+
+
+def test_the_commands_that_open_the_cache_directly_are_no_server(monkeypatch, logged) -> None:
+    """`kvproxy cache` and `kvproxy models` read serve's settings as ``ToolSettings``: the key
+    `kvproxy cache` sends is no mistake there, and a misspelt variable names those commands."""
+    monkeypatch.setenv("KVPROXY_API_KEY", "secret")
+    monkeypatch.setenv("KVPROXY_RDIS_URL", "redis://x")
+    load_settings()
+    assert logged.messages == [
+        "KVPROXY_RDIS_URL is not a setting of kvproxy cache/models: ignored (did you mean KVPROXY_REDIS_URL?)"
+    ]
 
 
 def test_variables_read_on_purpose_elsewhere_are_not_warned_about(monkeypatch, logged) -> None:
