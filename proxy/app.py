@@ -24,6 +24,7 @@ from proxy.gemini import models as gemini_models
 from proxy.http.auth import parse_api_keys
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
+from proxy.index_place import with_index
 from proxy.named.lifecycle import sweep_forever
 from proxy.named.service import open_named
 from proxy.observe import api as observe_api
@@ -46,8 +47,12 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
         settings: configuration (default: from the environment).
         loaded: an already loaded model to serve (tests share one); loaded from
             ``settings.model`` at start-up when None.
+
+    Raises:
+        store.index.embedded.files.EmbeddedIndexError: the default, embedded index cannot be
+            kept in the cache directory (``proxy.index_place``).
     """
-    settings = settings or Settings()
+    settings = with_index(settings or Settings())
     api_keys = parse_api_keys(settings.api_keys)
 
     @asynccontextmanager

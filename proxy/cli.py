@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -18,9 +18,12 @@ from bench.cli import bench
 from engine.model.convert import convert_gguf
 from engine.model.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
 from proxy.cache_commands import cache
-from proxy.config import Settings
+from proxy.config import ServerSettings, Settings
 from proxy.flags import load_settings, parse_settings, route_options, settings_options
 from proxy.router.settings import RouteSettings
+from store.index.embedded.files import EmbeddedIndexError
+
+S = TypeVar("S", bound=ServerSettings)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -54,6 +57,18 @@ def run_server(config: Any, doing: str) -> None:
     Server(config).run()
 
 
+def located(settings: S) -> S:
+    """``settings`` with the index located (``proxy.index_place``); exits 1, saying why, when the
+    embedded index cannot be kept in the cache directory."""
+    from proxy.index_place import with_index
+
+    try:
+        return with_index(settings)
+    except EmbeddedIndexError as exc:
+        click.echo(f"kvproxy: {exc}", err=True)
+        sys.exit(1)
+
+
 @main.command()
 @settings_options
 def serve(**flags: Any) -> None:
@@ -76,6 +91,7 @@ def serve(**flags: Any) -> None:
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
     check_port(settings.host, settings.port)  # NOTE: before the model loads, not after
+    settings = located(settings)
     try:
         loaded = load_model_apart(
             settings.model,
@@ -111,7 +127,7 @@ def route(**flags: Any) -> None:
         raise click.UsageError(str(exc)) from exc
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per health probe
     check_port(settings.host, settings.port)
-    app = create_route_app(settings, identity)
+    app = create_route_app(located(settings), identity)
     run_server(server_config(app, settings, timeout_graceful_shutdown=15), "routing")
 
 

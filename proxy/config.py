@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.env_names import PREFIX, unknown_variables, warn_once
 from proxy.setting_values import Bytes, key_file
+from store.index.embedded.files import EMBEDDED_URL
 from store.index.redis.connect import SCHEMES, check_url, redact_url
 
 
@@ -39,10 +40,13 @@ class ServerSettings(BaseSettings):
         description="Where converted models (and, by default, blobs) live.",
     )
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0",
+        EMBEDDED_URL,
         description="Redis holding the block index: redis://, rediss:// (TLS), unix://, "
         "redis+cluster://HOST:PORT[,HOST:PORT...] or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB] "
-        "(Redis >= 7); memory:// keeps it in this process (one process alone, forgotten at restart).",
+        "(Redis >= 7); default embedded://: a Valkey server of kvproxy's own on a unix socket in "
+        "CACHE_DIR/index, kept there and shared by this host's kvproxy processes (give a Redis URL once "
+        "replicas on several hosts share one index); memory:// keeps it in this process (one process "
+        "alone, forgotten at restart).",
     )
     key_prefix: str = Field("kvp:", description="Prefix of every Redis key the server writes.")
     admin_key: str | None = Field(
@@ -92,10 +96,11 @@ class ServerSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, url: str) -> str:
+        if url == EMBEDDED_URL:
+            return url
         if url.partition("://")[0] not in (*SCHEMES, "memory"):
-            raise ValueError(
-                f"the scheme must be one of {', '.join(s + '://' for s in (*SCHEMES, 'memory'))}"
-            )
+            kinds = ", ".join(s + "://" for s in (*SCHEMES, "memory"))
+            raise ValueError(f"the scheme must be one of {kinds} or {EMBEDDED_URL}")
         check_url(url)  # NOTE: a RedisURLError is a ValueError: pydantic reports it as this field's
         return url
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 log = logging.getLogger(__name__)
 
 PREFIX = "KVPROXY_"
-READ_ELSEWHERE = frozenset({"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL"})
+READ_ELSEWHERE = frozenset({"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL", "KVPROXY_TEST_REDIS_SERVER"})
 """``KVPROXY_*`` variables that name no setting but are read on purpose: ``kvproxy cache``'s
 ``--api-key`` and the tests' Redis (``tests/conftest.py``)."""
 CLIENT_KEY = "KVPROXY_API_KEY"

@@ -1,9 +1,12 @@
-"""Fixtures, all in one place: a real Redis (own key prefix, cleaned up), the cache on it, tiny and
+"""Fixtures, all in one place: a real Redis (one of the run's own unless KVPROXY_TEST_REDIS_URL names
+one; an own key prefix per test, cleaned up), the cache on it, tiny and
 default models loaded once, test servers on real ports."""
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import os
 import time
 import uuid
@@ -24,18 +27,27 @@ from store.index.redis import connect
 from store.index.redis.index import RedisIndex
 from store.interface import KVSpec
 from store.parts import CacheOptions
-from tests.helpers import THINKING_CHATML, ServerThread, build_tiny_model
-
-REDIS_URL = os.environ.get("KVPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.helpers import THINKING_CHATML, RedisServer, ServerThread, build_tiny_model, free_port
 
 pytest_plugins = ["tests.s3_fixtures", "tests.topology_fixtures"]
+
+
+@functools.cache
+def shared_redis_url() -> str:
+    """The Redis the tests share: ``KVPROXY_TEST_REDIS_URL``, else a server of this test run's own
+    (``tests.helpers.RedisServer``), started on first use and stopped at exit."""
+    if url := os.environ.get("KVPROXY_TEST_REDIS_URL"):
+        return url
+    server = RedisServer(free_port()).start()
+    atexit.register(server.stop)
+    return server.url
 
 
 @pytest.fixture
 def redis_url() -> str:
     """The Redis the test's cache uses: the shared server (a module may override this fixture
     with ``tests.topology_fixtures.TOPOLOGIES`` to run on a Cluster and Sentinel too)."""
-    return REDIS_URL
+    return shared_redis_url()
 
 
 @pytest.fixture
@@ -44,7 +56,7 @@ def redis_client(redis_url: str) -> redis.Redis:
     try:
         client.ping()
     except connect.REDIS_ERRORS as exc:
-        pytest.fail(f"tests need Redis at {redis_url} (start redis-server): {exc}")
+        pytest.fail(f"the tests' Redis at {redis_url} does not answer: {exc}")
     return client
 
 

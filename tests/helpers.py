@@ -4,6 +4,7 @@ ports, a private Redis. Fixtures built from these live in ``tests/conftest.py``.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import socket
 import subprocess
@@ -46,6 +47,7 @@ from engine.sampling import SamplingParams
 from engine.worker import Engine
 from hashing import BLOCK_SIZE, NamespaceIdentity
 from proxy.http.limits import server_config
+from store.index.embedded.files import die_with_parent, valkey_binary
 from store.interface import KVSpec
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
@@ -369,8 +371,15 @@ class ServerThread:
         self.thread.join(HANG_S)
 
 
+def redis_server_binary() -> str:
+    """The Redis-protocol server the tests start: ``KVPROXY_TEST_REDIS_SERVER`` (``redis-server``,
+    for ``.ci/run``'s pass on a real Redis 7), else the embedded index's ``valkey-server``."""
+    return os.environ.get("KVPROXY_TEST_REDIS_SERVER") or str(valkey_binary())
+
+
 class RedisServer:
-    """A private ``redis-server`` on a given port, for tests that must stop or start Redis."""
+    """A private Redis-protocol server (``redis_server_binary``) on a given port, for tests that
+    must stop or start Redis; it dies with the test process."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -383,7 +392,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.process = subprocess.Popen(
             [
-                "redis-server",
+                redis_server_binary(),
                 "--port",
                 str(self.port),
                 "--bind",
@@ -394,6 +403,7 @@ class RedisServer:
                 "no",
             ],
             stdout=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + HANG_S

@@ -1,5 +1,6 @@
 """Real servers on free ports for the scale-out tests and benchmark: a 3-master Redis Cluster and
-a Sentinel set (one master, one replica, three sentinels), from Debian's ``redis-server``, and an
+a Sentinel set (one master, one replica, three sentinels), of ``tests.helpers.redis_server_binary``
+(the embedded index's ``valkey-server``, or Debian's ``redis-server``), and an
 S3-compatible server (moto's standalone server). Used by the tests' fixtures
 (``tests.topology_fixtures``, ``tests.s3_fixtures``) and by ``bench.scale_bench``.
 """
@@ -20,9 +21,11 @@ import httpx
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from tests.helpers import free_port
+from store.index.embedded.files import die_with_parent
+from tests.helpers import free_port, redis_server_binary
 
 SERVICE = "kvpmaster"
+SLOTS = 16384
 
 
 def cluster_port() -> int:
@@ -40,7 +43,11 @@ def cluster_port() -> int:
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        ["redis-server", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [redis_server_binary(), *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -86,7 +93,7 @@ class _Servers:
 
 
 class LocalCluster(_Servers):
-    """Three cluster-enabled masters on free ports, joined by ``redis-cli --cluster create``."""
+    """Three cluster-enabled masters on free ports, each serving a third of the slots."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="kvp-cluster-"))
@@ -115,11 +122,7 @@ class LocalCluster(_Servers):
             )
         for port in self.ports:
             _wait(lambda port=port: redis.Redis(port=port).ping(), f"cluster node {port}")
-        subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports), "--cluster-yes"],
-            check=True,
-            capture_output=True,
-        )
+        self._join()
         for port in self.ports:
             _wait(
                 lambda port=port: (
@@ -128,6 +131,17 @@ class LocalCluster(_Servers):
                 "the cluster",
             )
         return self
+
+    def _join(self) -> None:
+        """What ``redis-cli --cluster create`` does for masters alone: a third of the 16,384 slots
+        and a config epoch of its own for each, then each meets the first."""
+        first = redis.Redis(port=self.ports[0])
+        for i, port in enumerate(self.ports):
+            node = redis.Redis(port=port)
+            node.execute_command("CLUSTER", "ADDSLOTSRANGE", i * SLOTS // 3, (i + 1) * SLOTS // 3 - 1)
+            node.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+            if i:
+                first.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
 
     @functools.cached_property
     def client(self) -> RedisCluster:

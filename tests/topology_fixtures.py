@@ -39,6 +39,6 @@ def topology_url(request: pytest.FixtureRequest) -> str:
         return request.getfixturevalue("redis_cluster").url
     if request.param == "sentinel":
         return request.getfixturevalue("redis_sentinel").url
-    from tests.conftest import REDIS_URL
+    from tests.conftest import shared_redis_url
 
-    return REDIS_URL
+    return shared_redis_url()

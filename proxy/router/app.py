@@ -33,6 +33,7 @@ from engine.model.resolve import resolve_model_dir
 from proxy.http.auth import Tenant, parse_api_keys, require_operator
 from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
+from proxy.index_place import with_index
 from proxy.router import gemini
 from proxy.router.deps import RouteTenant, credentials, route_tenant, router_of
 from proxy.router.forward import forward, pass_through, while_connected
@@ -82,7 +83,13 @@ def load_identity(settings: RouteSettings) -> Identity:
 
 
 def create_route_app(settings: RouteSettings, identity: Identity | None = None) -> FastAPI:
-    """The router app for ``settings`` (``identity``: already loaded, else from ``--tokenizer``)."""
+    """The router app for ``settings`` (``identity``: already loaded, else from ``--tokenizer``).
+
+    Raises:
+        store.index.embedded.files.EmbeddedIndexError: the default, embedded index cannot be
+            kept in the cache directory (``proxy.index_place``).
+    """
+    settings = with_index(settings)
     api_keys = parse_api_keys(settings.api_keys)
 
     @asynccontextmanager

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 
 from proxy.config import ServerSettings, default_cache_dir
 from proxy.router.policy import Policy
+from store.index.embedded.files import EMBEDDED_URL
 from store.index.redis.connect import redact_url
 
 
@@ -31,11 +32,12 @@ class RouteSettings(ServerSettings):
         "converted; the router reads only its tokenizer.",
     )
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0",
+        EMBEDDED_URL,
         description="Redis holding the route index the routers share (which replica was sent which "
         "prompt blocks, the loads, where responses are): redis://, rediss:// (TLS), unix://, "
         "redis+cluster://HOST:PORT[,HOST:PORT...] or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB] "
-        "(Redis >= 7); memory://: none, this router routes on its own in-flight counts (not by prefix).",
+        "(Redis >= 7); default embedded://: kvproxy's own Valkey in CACHE_DIR/index, shared by the host's "
+        "kvproxy processes; memory://: none, this router routes on its own in-flight counts (not by prefix).",
     )
     key_prefix: str = Field(
         "kvp:",

@@ -13,7 +13,7 @@ import time
 import httpx
 from openai import OpenAI
 
-from tests.conftest import REDIS_URL
+from proxy.config import default_cache_dir
 from tests.helpers import HANG_S, free_port
 
 MODEL = "smollm2-135m-instruct"
@@ -84,15 +84,14 @@ def test_shared_system_prompt_hits_and_matches_no_cache(settings, default_model,
     assert again.choices[0].message.content == cold.choices[0].message.content
 
 
-def test_kvproxy_serve_command(tmp_path, key_prefix) -> None:
-    """The README's server: `kvproxy serve` as a process, then one chat request."""
-    port = free_port()
-    env = os.environ | {
-        "KVPROXY_PORT": str(port),
-        "KVPROXY_REDIS_URL": REDIS_URL,
-        "KVPROXY_KEY_PREFIX": key_prefix,
-        "KVPROXY_BLOB_DIR": str(tmp_path / "blobs"),
-    }
+def test_kvproxy_serve_command(tmp_path) -> None:
+    """The README's server: `kvproxy serve` as a process with nothing but a cache directory (the
+    embedded index in it), then one chat request twice: the second a hit."""
+    port, cache_dir = free_port(), tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "models").symlink_to(default_cache_dir() / "models")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPROXY_")}
+    env |= {"KVPROXY_PORT": str(port), "KVPROXY_CACHE_DIR": str(cache_dir)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "serve"],
         env=env,
@@ -111,14 +110,17 @@ def test_kvproxy_serve_command(tmp_path, key_prefix) -> None:
             except httpx.HTTPError:
                 assert time.monotonic() < deadline, "kvproxy serve did not come up"
                 time.sleep(0.5)
-        reply = OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions.create(
-            model=MODEL, messages=QUESTION, temperature=0, max_tokens=20
+        chat = OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions
+        first, again = (
+            chat.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=20) for _ in range(2)
         )
     finally:
         proc.terminate()
         proc.wait(HANG_S)
     assert health["cache"] == "ok" and health["model"] == MODEL
-    assert "Paris" in reply.choices[0].message.content
+    assert "Paris" in first.choices[0].message.content
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
 def test_emoji_logprobs_carry_each_tokens_bytes_and_offsets(settings, default_model, serve) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.router.app import create_route_app
 from proxy.router.settings import RouteSettings
-from tests.conftest import REDIS_URL
+from tests.conftest import shared_redis_url
 from tests.fake_upstream import fake_upstream
 from tests.helpers import ServerThread, free_port
 
@@ -29,7 +29,7 @@ def routed(key_prefix: str, names=("a", "b"), extra_urls=(), **options):
         urls = [f"{u.base_url}/v1" for u in upstreams.values()] + list(extra_urls)
         settings = RouteSettings(
             upstream=",".join(urls),
-            redis_url=REDIS_URL,
+            redis_url=shared_redis_url(),
             key_prefix=key_prefix,
             health_interval=0.2,
             replica_cooldown=2.0,

@@ -72,11 +72,12 @@ def kernel_source(venv: Path) -> Iterator[Path]:
 
 def serve_one_chat(venv: Path, model_dir: str, tmp_path: Path) -> str:
     """Start the installed ``kvproxy serve`` (a fresh cache directory, so the kernel is built from
-    the installed source), send one chat, stop it; the server's log."""
+    the installed source, and the index is the embedded one the wheel's dependencies bring), send
+    one chat twice (the second a hit), stop it; the server's log."""
     port, log = free_port(), tmp_path / "serve.log"
     command = [
         venv / "bin" / "kvproxy", "serve", "--model", model_dir, "--port", str(port),
-        "--cache-dir", str(tmp_path / "cache"), "--redis-url", "memory://", "--served-model-name", "tiny",
+        "--cache-dir", str(tmp_path / "cache"), "--served-model-name", "tiny",
     ]  # fmt: skip
     with log.open("wb") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -84,9 +85,12 @@ def serve_one_chat(venv: Path, model_dir: str, tmp_path: Path) -> str:
     try:
         wait_for(lambda: _up(url, server), timeout_s=300, what=f"the installed server ({log})")
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["usage"]["completion_tokens"] >= 1
+        for hit in (False, True):
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            usage = reply.json()["usage"]
+            assert usage["completion_tokens"] >= 1
+            assert (usage["prompt_tokens_details"]["cached_tokens"] > 0) == hit, usage
     finally:
         server.terminate()
         server.wait(60)
@@ -105,6 +109,8 @@ def test_the_installed_wheel_serves_with_the_native_step(venv: Path, tiny_model,
     """Installed from the wheel, the server builds its native decode step and answers."""
     log = serve_one_chat(venv, tiny_model.model.name_or_path, tmp_path)
     assert "decode step: native" in log, log
+    assert "block index: embedded Valkey (started)" in log, log
+    assert f"data in {tmp_path / 'cache' / 'index' / 'appendonlydir'}" in log, log
 
 
 def test_without_the_kernel_source_it_decodes_with_torch(

@@ -16,6 +16,7 @@ from typing import Literal
 import redis
 from redis.exceptions import RedisClusterUnreachableError
 
+from store.index.embedded.lease import joined
 from store.index.redis.connect import REDIS_ERRORS
 
 RedisFaultKind = Literal["timeout", "unreachable", "auth", "not_redis", "other"]
@@ -80,11 +81,14 @@ def redis_fault(exc: BaseException, place: RedisPlace | None = None) -> RedisFau
             "if it is merely slow, raise --redis-timeout (KVPROXY_REDIS_TIMEOUT)",
         )
     if kind == "unreachable":
-        return RedisFault(
-            kind,
-            f"{place.name} is unreachable: nothing answers there ({_detail(exc)}); start Redis "
-            "(redis-server) or set --redis-url (KVPROXY_REDIS_URL)",
+        files = joined(place.url)
+        advice = (
+            "start Redis (redis-server) or set --redis-url (KVPROXY_REDIS_URL)"
+            if files is None
+            else f"kvproxy starts its embedded index again on its own (its log: {files.keeper_log})"
         )
+        detail = _detail(exc)
+        return RedisFault(kind, f"{place.name} is unreachable: nothing answers there ({detail}); {advice}")
     if kind == "auth":
         return RedisFault(
             kind,

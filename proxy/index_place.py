@@ -1,0 +1,39 @@
+"""Where the block index is: ``--redis-url`` as given, or, by default (``embedded://``), the
+embedded Valkey of the cache directory (``store.index.embedded``), joined by this process."""
+
+from __future__ import annotations
+
+import logging
+from typing import TypeVar
+
+from proxy.config import ServerSettings
+from store.index.embedded.files import EMBEDDED_URL, NoServerBinary
+from store.index.embedded.lease import join
+from store.index.memory.index import MEMORY_URL
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=ServerSettings)
+
+
+def with_index(settings: S) -> S:
+    """``settings`` with ``redis_url`` naming a server: unchanged unless it is ``embedded://``,
+    which becomes the ``unix://`` socket of the embedded index in ``CACHE_DIR/index`` (started or
+    joined now). Without a server binary for this platform, ``memory://`` (this process alone),
+    with a warning.
+
+    Raises:
+        store.index.embedded.files.EmbeddedIndexError: the cache directory cannot be written.
+    """
+    if settings.redis_url != EMBEDDED_URL:
+        return settings
+    try:
+        url = join(settings.cache_dir / "index").url
+    except NoServerBinary as exc:
+        log.warning(
+            "no embedded index server (%s): the index is kept in this process alone and forgotten "
+            "at exit; give --redis-url to share and keep it",
+            exc,
+        )
+        url = MEMORY_URL
+    return settings.model_copy(update={"redis_url": url})

@@ -1,0 +1,211 @@
+"""The embedded index (``store.index.embedded``), as the processes of a host use it: real
+``valkey-server``s, real keeper processes, users that exit, crash or are SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from proxy.cli import main
+from proxy.config import Settings
+from store.index.embedded import keeper
+from store.index.embedded.files import EMBEDDED_URL, IndexFiles, ping
+from tests.helpers import HANG_S, wait_for
+
+USER = textwrap.dedent(
+    """
+    import logging, sys, redis
+    from pathlib import Path
+    from store.index.embedded.lease import join
+
+    logging.basicConfig(level=logging.INFO)
+    client = redis.Redis.from_url(join(Path(sys.argv[1])).url)
+    if sys.argv[2] == "set":
+        client.set("greeting", "hello")
+    print(client.get("greeting"), flush=True)
+    sys.stdin.read()  # NOTE: a user until its stdin closes
+    """
+)
+
+
+class User:
+    """A process joining the embedded index in ``root``, then ``set``ting a key or ``get``ting it
+    (its first line of output), then holding on until closed or killed."""
+
+    def __init__(self, root: Path, action: str = "get") -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", USER, str(root), action],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log = ""
+        """What the process logged, once it is closed."""
+
+    def answer(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def close(self) -> None:
+        """Close its stdin (it exits then); keep what it logged."""
+        self.log = self.process.communicate(timeout=HANG_S)[1]
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(HANG_S)
+
+
+def servers_of(files: IndexFiles) -> list[int]:
+    """The pids of the live ``valkey-server``s listening on ``files``' socket."""
+    found = subprocess.run(["pgrep", "-f", f"unixsocket.*{files.socket}"], capture_output=True, text=True)
+    pids = [int(pid) for pid in found.stdout.split()]
+    return [pid for pid in pids if not Path(f"/proc/{pid}/status").read_text().count("zombie")]
+
+
+def gone(files: IndexFiles) -> bool:
+    return not servers_of(files) and not ping(files.socket)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> IndexFiles:
+    return IndexFiles(tmp_path / "index")
+
+
+def test_racing_users_share_one_server_that_keeps_its_data_and_stops_after_the_last(files) -> None:
+    """Six processes start at once: one server. It outlives the first users, stops once the last
+    is SIGKILLed, and the next user finds the data again."""
+    users = [User(files.root, "set" if i == 0 else "get") for i in range(6)]
+    try:
+        assert users[0].answer() == "b'hello'"
+        for user in users[1:]:
+            assert user.answer() in ("b'hello'", "None")
+        assert len(servers_of(files)) == 1
+        for user in users[:-1]:
+            user.close()
+        time.sleep(keeper.IDLE_S + 1)
+        assert len(servers_of(files)) == 1 and ping(files.socket)
+    finally:
+        for user in users:
+            user.kill()
+    wait_for(lambda: gone(files), what="the server to stop after its last user")
+    again = User(files.root)
+    try:
+        assert again.answer() == "b'hello'"
+    finally:
+        again.close()
+
+
+def test_a_server_or_keeper_that_dies_is_started_again_with_its_data(files) -> None:
+    """SIGKILL the server: its keeper starts it again; SIGKILL the keeper (the server dies with it):
+    a user's watch starts both again. Each time the data is back."""
+    user = User(files.root, "set")
+    try:
+        assert user.answer() == "b'hello'"
+        client = redis.Redis.from_url(files.url)
+        for victim in ("server", "keeper"):
+            (server,) = servers_of(files)
+            pid = server if victim == "server" else int(os.popen(f"ps -o ppid= -p {server}").read())
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda old=server: servers_of(files) not in ([], [old]), what=f"a new server ({victim})")
+            wait_for(lambda: ping(files.socket), what="the server to answer")
+            assert client.get("greeting") == b"hello"
+    finally:
+        user.close()
+    wait_for(lambda: gone(files), what="the server to stop")
+
+
+def test_a_damaged_append_only_file_is_moved_aside_and_the_index_starts_empty(files) -> None:
+    user = User(files.root, "set")
+    user.answer()
+    user.close()
+    wait_for(lambda: gone(files), what="the server to stop")
+    for path in files.append_only.iterdir():
+        if ".incr." in path.name:
+            path.write_bytes(b"garbage that is no RESP at all\r\n" * 3)
+    user = User(files.root)
+    try:
+        assert user.answer() == "None"
+    finally:
+        user.close()
+    (aside,) = files.root.glob("appendonlydir.damaged-*")
+    assert f"append-only file could not be loaded: moved to {aside}" in user.log
+
+
+def test_a_stale_socket_is_replaced(files) -> None:
+    files.root.mkdir(parents=True)
+    files.socket.write_text("left by a crash")
+    user = User(files.root, "set")
+    try:
+        assert user.answer() == "b'hello'"
+    finally:
+        user.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
+def test_a_full_disk_starts_the_index_with_nothing_on_disk(files) -> None:
+    """No room for the append-only file: the server still starts (in memory), and says so."""
+    files.root.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(files.root)], check=True)
+    try:
+        for name in ("start", "users", "keeper"):
+            files.lock(name).touch()
+        subprocess.run(["dd", "if=/dev/zero", f"of={files.root / 'filler'}", "bs=4k"], capture_output=True)
+        user = User(files.root, "set")
+        try:
+            assert user.answer() == "b'hello'"
+        finally:
+            user.close()
+        assert "keeps nothing on disk" in user.log
+        wait_for(lambda: gone(files), what="the server to stop")
+    finally:
+        subprocess.run(["umount", "-l", str(files.root)], check=True)
+
+
+def test_a_cache_dir_that_cannot_be_written_is_an_error_naming_it(tmp_path, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "stats", "--cache-dir", str(blocker / "cache")], standalone_mode=False)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert f"cannot write the embedded index's directory {blocker / 'cache' / 'index'}" in err
+
+
+def test_a_server_on_the_embedded_default_caches_and_serves_misses_while_its_index_is_away(
+    tmp_path, tiny_model, serve
+) -> None:
+    """``kvproxy serve`` as by default (no Redis URL): a repeat is a hit; with the index server
+    SIGKILLed the next request is answered the same (a miss), and hits come back on their own."""
+    settings = Settings(cache_dir=tmp_path, redis_retry=0.2, redis_timeout=5.0, cache_read_timeout=30.0)
+    assert settings.redis_url == EMBEDDED_URL
+    files = IndexFiles(tmp_path / "index")
+    body = {"model": "tiny", "prompt": "the index keeps the blocks " * 40, "max_tokens": 8, "temperature": 0}
+
+    def ask(client: httpx.Client) -> tuple[str, int]:
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["text"], reply.json()["usage"]["prompt_tokens_details"][
+            "cached_tokens"
+        ]
+
+    with (
+        serve(settings, tiny_model) as server,
+        httpx.Client(base_url=server.base_url, timeout=HANG_S) as client,
+    ):
+        text, cached = ask(client)
+        hit = ask(client)
+        assert cached == 0 and hit[0] == text and hit[1] > 0
+        (pid,) = servers_of(files)
+        os.kill(pid, signal.SIGKILL)
+        assert ask(client)[0] == text
+        wait_for(lambda: ask(client) == hit, what="hits again")
