@@ -78,7 +78,7 @@ def measure(rounds: int, binary: str) -> dict[str, float | str]:
                 assert explain["cached_tokens"] == 2047, explain
                 seen[name].append((seconds, explain["load_seconds"]))
         holding = rss_mb(f"unixsocket.*{socket}")
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2][2:]
     out: dict[str, float | str] = {"idle_mb": idle, "holding_mb": holding, "redis": f"{binary} {version}"}
     for name, values in seen.items():
         out[f"{name}_ttft"] = statistics.median(s for s, _ in values)

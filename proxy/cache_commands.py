@@ -17,11 +17,10 @@ import click
 import httpx
 from rich.progress import Progress
 
-from proxy.config import Settings, ToolSettings
+from proxy.config import Settings
 from proxy.flags import load_settings, option
-from proxy.index_place import with_index
+from proxy.index_place import located
 from store.errors import StoreUnavailable
-from store.index.embedded.files import EmbeddedIndexError
 from store.index.redis.connect import redact_url
 
 TIMEOUT_S = 600.0
@@ -191,15 +190,6 @@ def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def index_settings(**flags: Any) -> ToolSettings:
-    """The settings the flags give, the index located (``proxy.index_place``): the embedded one
-    started or joined; exits 1 when its directory cannot be written."""
-    try:
-        return with_index(load_settings(**flags))
-    except EmbeddedIndexError as exc:
-        fail(str(exc))
-
-
 def open_admin(**flags: Any) -> Any:
     """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis does not
     answer, saying why (too slow, not there, refused credentials)."""
@@ -207,7 +197,7 @@ def open_admin(**flags: Any) -> Any:
     from proxy.stores import redis_trouble
 
     logging.getLogger("store").setLevel(logging.CRITICAL)  # NOTE: a command says what failed itself
-    settings = index_settings(**flags)
+    settings = located(load_settings(**flags))
     admin = open_store_admin(settings)
     if admin.health() != "ok":
         fail(redis_trouble(settings))
@@ -249,7 +239,7 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
 
     try:
         removed = open_admin(**flags).clear(namespace)
-        named = lifecycle.forget_cleared(service.open_named(index_settings(**flags)), namespace)
+        named = lifecycle.forget_cleared(service.open_named(located(load_settings(**flags))), namespace)
     except OSError as exc:
         fail(f"the blob store failed while clearing: {exc}")
     except StoreUnavailable:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -18,12 +18,10 @@ from bench.cli import bench
 from engine.model.convert import convert_gguf
 from engine.model.fetch import DEFAULT_MODEL, KNOWN_MODELS, ModelError, fetch_known_model
 from proxy.cache_commands import cache
-from proxy.config import ServerSettings, Settings
+from proxy.config import Settings
 from proxy.flags import load_settings, parse_settings, route_options, settings_options
+from proxy.index_place import located
 from proxy.router.settings import RouteSettings
-from store.index.embedded.files import EmbeddedIndexError
-
-S = TypeVar("S", bound=ServerSettings)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -55,18 +53,6 @@ def run_server(config: Any, doing: str) -> None:
                 click.echo(f"kvproxy: {doing} on http://{config.host}:{config.port}/v1", err=True)
 
     Server(config).run()
-
-
-def located(settings: S) -> S:
-    """``settings`` with the index located (``proxy.index_place``); exits 1, saying why, when the
-    embedded index cannot be kept in the cache directory."""
-    from proxy.index_place import with_index
-
-    try:
-        return with_index(settings)
-    except EmbeddedIndexError as exc:
-        click.echo(f"kvproxy: {exc}", err=True)
-        sys.exit(1)
 
 
 @main.command()

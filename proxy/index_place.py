@@ -4,10 +4,13 @@ embedded Valkey of the cache directory (``store.index.embedded``), joined by thi
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TypeVar
 
+import click
+
 from proxy.config import ServerSettings
-from store.index.embedded.files import EMBEDDED_URL, NoServerBinary
+from store.index.embedded.files import EMBEDDED_URL, EmbeddedIndexError, NoServerBinary
 from store.index.embedded.lease import join
 from store.index.memory.index import MEMORY_URL
 
@@ -37,3 +40,13 @@ def with_index(settings: S) -> S:
         )
         url = MEMORY_URL
     return settings.model_copy(update={"redis_url": url})
+
+
+def located(settings: S) -> S:
+    """``with_index`` for the command line: exits 1, saying why, when the embedded index cannot
+    be kept in the cache directory."""
+    try:
+        return with_index(settings)
+    except EmbeddedIndexError as exc:
+        click.echo(f"kvproxy: {exc}", err=True)
+        sys.exit(1)
