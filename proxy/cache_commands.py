@@ -196,7 +196,10 @@ def open_admin(**flags: Any) -> Any:
     from proxy.stores import open_admin as open_store_admin
     from proxy.stores import redis_trouble
 
-    logging.getLogger("store").setLevel(logging.CRITICAL)  # NOTE: a command says what failed itself
+    # NOTE: a command says what failed itself, but the embedded index's warnings (a damaged file set
+    # aside) are said as they come
+    logging.getLogger("store").setLevel(logging.CRITICAL)
+    logging.getLogger("store.index.embedded").setLevel(logging.WARNING)
     settings = located(load_settings(**flags))
     admin = open_store_admin(settings)
     if admin.health() != "ok":

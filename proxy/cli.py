@@ -76,6 +76,13 @@ def serve(**flags: Any) -> None:
             blob_budget(settings)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
+        except OSError as exc:
+            click.echo(
+                f"kvproxy: cannot make the blob directory {settings.blob_root} ({exc}): give a writable "
+                "--cache-dir (KVPROXY_CACHE_DIR) or --blob-dir",
+                err=True,
+            )
+            sys.exit(1)
     check_port(settings.host, settings.port)  # NOTE: before the model loads, not after
     settings = located(settings)
     try:

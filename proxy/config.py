@@ -37,7 +37,8 @@ class ServerSettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
-        description="Where converted models (and, by default, blobs) live.",
+        description="Where converted models and, by default, the blobs and the embedded index live "
+        "(default: ~/.cache/kvproxy).",
     )
     redis_url: str = Field(
         EMBEDDED_URL,
@@ -96,8 +97,10 @@ class ServerSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, url: str) -> str:
-        if url == EMBEDDED_URL:
-            return url
+        if url in ("", EMBEDDED_URL):
+            return EMBEDDED_URL  # NOTE: an empty KVPROXY_REDIS_URL is the default, as no variable
+        if url.startswith(EMBEDDED_URL):
+            raise ValueError(f"{EMBEDDED_URL} takes nothing after it: the index lives in CACHE_DIR/index")
         if url.partition("://")[0] not in (*SCHEMES, "memory"):
             kinds = ", ".join(s + "://" for s in (*SCHEMES, "memory"))
             raise ValueError(f"the scheme must be one of {kinds} or {EMBEDDED_URL}")

@@ -13,6 +13,7 @@ from proxy.config import ServerSettings
 from store.index.embedded.files import EMBEDDED_URL, EmbeddedIndexError, NoServerBinary
 from store.index.embedded.lease import join
 from store.index.memory.index import MEMORY_URL
+from store.index.redis.connect import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def with_index(settings: S) -> S:
 def located(settings: S) -> S:
     """``with_index`` for the command line: exits 1, saying why, when the embedded index cannot
     be kept in the cache directory."""
+    if settings.redis_url != EMBEDDED_URL:
+        log.info("index: %s (--redis-url)", redact_url(settings.redis_url))
     try:
         return with_index(settings)
     except EmbeddedIndexError as exc:

