@@ -23,23 +23,22 @@ S = TypeVar("S", bound=ServerSettings)
 def with_index(settings: S) -> S:
     """``settings`` with ``redis_url`` naming a server: unchanged unless it is ``embedded://``,
     which becomes the ``unix://`` socket of the embedded index in ``CACHE_DIR/index`` (started or
-    joined now). Without a server binary for this platform, ``memory://`` (this process alone),
-    with a warning.
+    joined now).
 
     Raises:
-        store.index.embedded.files.EmbeddedIndexError: the cache directory cannot be written.
+        store.index.embedded.files.EmbeddedIndexError: the cache directory cannot be written, or
+            no server answers there and none can run here (never a silent index of this process
+            alone: its garbage collection would take the shared blobs for unindexed).
     """
     if settings.redis_url != EMBEDDED_URL:
         return settings
     try:
         url = join(settings.cache_dir / "index").url
     except NoServerBinary as exc:
-        log.warning(
-            "no embedded index server (%s): the index is kept in this process alone and forgotten "
-            "at exit; give --redis-url to share and keep it",
-            exc,
-        )
-        url = MEMORY_URL
+        raise EmbeddedIndexError(
+            f"no embedded index server can run here ({exc}): give --redis-url for a Redis of your "
+            f"own, or {MEMORY_URL} to keep the index in this process alone"
+        ) from exc
     return settings.model_copy(update={"redis_url": url})
 
 

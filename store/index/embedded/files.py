@@ -103,15 +103,15 @@ def valkey_binary() -> Path:
 
 def server_args(binary: Path, files: IndexFiles, persist: bool = True) -> list[str]:
     """The command line of the server: the unix socket only (mode 700, no TCP port), its log and
-    its data in ``files.root``; ``persist``: an append-only file, synced each second (else nothing
-    on disk: the fallback when the disk refuses it)."""
+    its data in ``files.root``; ``persist``: an append-only file, synced each second, and a log
+    (else nothing on disk, not even the log: the fallback when the disk refuses it)."""
     return [
         str(binary),
         "--port", "0",
         "--unixsocket", str(files.socket),
         "--unixsocketperm", "700",
         "--dir", str(files.root),
-        "--logfile", str(files.log),
+        "--logfile", str(files.log) if persist else "",
         "--daemonize", "no",
         "--save", "",
         "--appendonly", "yes" if persist else "no",
@@ -157,3 +157,19 @@ def ready(path: Path) -> bool:
 def ping(path: Path) -> bool:
     """Whether a server on the unix socket ``path`` answers PING with ``+PONG`` (ready)."""
     return (reply(path) or b"").startswith(b"+PONG")
+
+
+def read_from(path: Path, offset: int = 0) -> str:
+    """The text of the file ``path`` from byte ``offset`` ("" when it cannot be read)."""
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            return file.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def last_lines(path: Path, count: int) -> str:
+    """The last ``count`` lines of the file ``path``, joined by `` | `` (or says there is none)."""
+    lines = read_from(path).strip().splitlines()[-count:]
+    return " | ".join(lines) if lines else f"nothing in {path}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from store.index.embedded.files import IndexFiles, alive, die_with_parent, server_args
+from store.index.embedded.files import IndexFiles, alive, die_with_parent, last_lines, read_from, server_args
 
 log = logging.getLogger("kvproxy.index")
 
@@ -42,19 +43,14 @@ HUNG_S = 15.0
 """Seconds a running server may answer nothing (not even ``-LOADING``) before it is restarted."""
 
 
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 class Keeper:
     """One server process and the rules that start and stop it (module docstring)."""
 
     def __init__(self, files: IndexFiles, binary: Path) -> None:
         self.files, self.binary = files, binary
         self.server: subprocess.Popen[bytes] | None = None
+        self.logged = 0
+        """The size of the server's log before its last start (what it said since is its own)."""
         self.persist = True
         self.stopping = False
         self.root_id = _inode(files.root)
@@ -75,10 +71,11 @@ class Keeper:
                 continue
             if self._start_once():
                 return
-        raise RuntimeError(f"the index server does not start: {_tail(self.files.log)}")
+        raise RuntimeError(f"the index server does not start: {last_lines(self.files.log, 5)}")
 
     def _start_once(self) -> bool:
         self.files.socket.unlink(missing_ok=True)  # NOTE: a crashed server's; the keeper lock is ours
+        self.logged = _size(self.files.log)
         self.server = subprocess.Popen(
             server_args(self.binary, self.files, self.persist),
             stdin=subprocess.DEVNULL,
@@ -90,7 +87,9 @@ class Keeper:
         while not alive(self.files.socket):
             if self.server.poll() is not None:
                 log.info(
-                    "the index server exited at start (%s): %s", self.server.returncode, _tail(self.files.log)
+                    "the index server exited at start (%s): %s",
+                    self.server.returncode,
+                    last_lines(self.files.log, 5),
                 )
                 return False
             if not slow and time.monotonic() - started > SLOW_S:
@@ -106,10 +105,12 @@ class Keeper:
         return f"append-only file in {self.files.append_only}" if self.persist else "nothing on disk"
 
     def _move_damaged_aside(self) -> bool:
-        """Move an append-only file the server could not load aside; False when there is none
-        (nothing but empty files: nothing to keep)."""
+        """Move the append-only file aside when the server's log of its failed start names it
+        (``Bad file format reading the append only file``, a bad AOF manifest); False when it does
+        not (a server that failed for another reason: a full disk) or there is no file."""
         folder = self.files.append_only
-        if not folder.is_dir() or not any(f.stat().st_size for f in folder.iterdir() if f.is_file()):
+        said = read_from(self.files.log, self.logged)
+        if not folder.is_dir() or not re.search(r"(?i)append only file|\bAOF\b", said):
             return False
         aside = self.files.root / f"appendonlydir.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
         folder.rename(aside)
@@ -178,6 +179,13 @@ class Keeper:
         else:
             log.info("told to stop: stopping the index server")
         self.stop()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _inode(path: Path) -> int | None:

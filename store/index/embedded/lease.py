@@ -17,7 +17,15 @@ from typing import IO
 
 import redis
 
-from store.index.embedded.files import EmbeddedIndexError, IndexFiles, alive, ready, valkey_binary
+from store.index.embedded.files import (
+    EmbeddedIndexError,
+    IndexFiles,
+    alive,
+    last_lines,
+    read_from,
+    ready,
+    valkey_binary,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +44,8 @@ class EmbeddedIndex:
     daemon thread that starts the server's keeper again when it is gone (meanwhile the cache's
     Redis calls fail fast, and requests are served as misses)."""
 
-    def __init__(self, files: IndexFiles, binary: Path) -> None:
-        self.files, self.binary = files, binary
+    def __init__(self, files: IndexFiles) -> None:
+        self.files = files
         self._users: IO[str] | None = None
 
     @property
@@ -69,6 +77,8 @@ class EmbeddedIndex:
 
         Raises:
             OSError: the directory cannot be written.
+            NoServerBinary: a keeper is needed, and no server binary runs here (a server that
+                answers is joined without one).
         """
         self.hold()
         with self._start_lock():
@@ -94,7 +104,7 @@ class EmbeddedIndex:
                 why = "its keeper exited" if exited else f"no answer within {START_S:.0f} s"
                 raise EmbeddedIndexError(
                     f"the embedded index on {self.files.socket} did not start ({why}): "
-                    f"{_tail(self.files.keeper_log)}"
+                    f"{last_lines(self.files.keeper_log, 1)}"
                 )
             time.sleep(0.05)
 
@@ -122,7 +132,7 @@ class EmbeddedIndex:
             "-m",
             "store.index.embedded.keeper",
             str(self.files.root),
-            str(self.binary),
+            str(valkey_binary()),
         ]
         try:
             errors: IO[bytes] | int = open(self.files.keeper_log, "ab")
@@ -145,7 +155,7 @@ class EmbeddedIndex:
         """Log what the keeper warned about from byte ``since`` of its log (a damaged file moved
         aside), damaged files still set aside, and a server keeping nothing on disk (whose
         directory cannot take even the keeper's log)."""
-        for line in _read_from(self.files.keeper_log, since).splitlines():
+        for line in read_from(self.files.keeper_log, since).splitlines():
             if " WARNING " in line:
                 log.warning("embedded index: %s", line.partition(" WARNING ")[2])
         aside = sorted(self.files.root.glob("appendonlydir.damaged-*"))
@@ -188,7 +198,7 @@ class EmbeddedIndex:
                 down = True
                 try:
                     self.ensure()
-                except OSError as exc:
+                except (OSError, EmbeddedIndexError) as exc:
                     log.warning("the embedded index cannot be started again: %s", exc)
 
         threading.Thread(target=loop, name="embedded-index-watch", daemon=True).start()
@@ -199,20 +209,6 @@ def _same_file(opened: IO[str], path: Path) -> bool:
         return os.fstat(opened.fileno()).st_ino == path.stat().st_ino
     except OSError:
         return False
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(path: Path) -> str:
-    lines = _read_from(path, 0).strip().splitlines()
-    return lines[-1] if lines else f"nothing in {path}"
 
 
 def joined(url: str | None) -> IndexFiles | None:
@@ -226,14 +222,14 @@ def join(root: Path) -> EmbeddedIndex:
     logged, and started again by the watch (meanwhile: misses).
 
     Raises:
-        EmbeddedIndexError: ``root`` cannot be written (``NoServerBinary``: no server binary that
-            runs here).
+        EmbeddedIndexError: ``root`` cannot be written (``NoServerBinary``: no server answers and
+            no server binary runs here).
     """
     root = root.expanduser().resolve()
     with _leases_lock:
         if root in _leases:
             return _leases[root]
-        index = EmbeddedIndex(IndexFiles(root), valkey_binary())
+        index = EmbeddedIndex(IndexFiles(root))
         try:
             since = index.files.keeper_log.stat().st_size if index.files.keeper_log.exists() else 0
             keeper = index.ensure()

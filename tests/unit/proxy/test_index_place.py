@@ -1,15 +1,14 @@
-"""Where the index is (``proxy.index_place``) when the embedded server cannot run here."""
+"""Where the index is (``proxy.index_place``): the settings of the default, and no server binary."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
 from proxy.config import Settings
 from proxy.index_place import with_index
-from store.index.embedded.files import EMBEDDED_URL, NoServerBinary, valkey_binary
+from store.index.embedded.files import EMBEDDED_URL, EmbeddedIndexError, NoServerBinary, valkey_binary
 from store.index.memory.index import MEMORY_URL
 
 
@@ -27,15 +26,16 @@ def test_a_binary_that_cannot_run_is_no_binary(unrunnable: Path) -> None:
         valkey_binary()
 
 
-def test_without_a_binary_that_runs_the_index_is_this_process_s_with_a_warning(
-    unrunnable: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_without_a_binary_that_runs_the_index_is_refused_not_kept_in_this_process(
+    unrunnable: Path, tmp_path: Path
 ) -> None:
+    """No silent index of this process alone: its garbage collection would take the blobs of the
+    directory's index for unindexed."""
     settings = Settings(cache_dir=tmp_path)
     assert settings.redis_url == EMBEDDED_URL
-    with caplog.at_level(logging.WARNING):
-        assert with_index(settings).redis_url == MEMORY_URL
-    assert "no embedded index server" in caplog.text and "give --redis-url" in caplog.text
-    assert not (tmp_path / "index").exists()
+    with pytest.raises(EmbeddedIndexError, match="no embedded index server can run here") as raised:
+        with_index(settings)
+    assert f"give --redis-url for a Redis of your own, or {MEMORY_URL}" in str(raised.value)
 
 
 @pytest.mark.parametrize("given", ["", "embedded://"])
