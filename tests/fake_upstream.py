@@ -14,9 +14,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from proxy.config import Settings
 
 
+async def left_within(request: Request, seconds: float) -> bool:
+    """Whether the client of ``request`` disconnects within ``seconds`` (polled every 50 ms), so
+    that a slow answer nobody waits for keeps no server from stopping."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        if await request.is_disconnected():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 def fake_upstream(name: str) -> FastAPI:
     """An upstream named ``name``; set ``app.state.mode`` to ``ok``, ``429``, ``503``, ``slow``
-    (answers after ``app.state.delay_s``), ``drip`` (streams a chunk every ``delay_s``), ``cut`` (a
+    (answers after ``app.state.delay_s``, or never once its client has left), ``drip`` (streams a chunk every ``delay_s``), ``cut`` (a
     stream dropped after two chunks) or ``down`` (``/health`` answers 503)."""
     app = FastAPI()
     app.state.settings = Settings()
@@ -44,8 +55,8 @@ def fake_upstream(name: str) -> FastAPI:
             return JSONResponse(
                 {"error": {"message": "no such model", "code": "model_not_found"}}, status_code=404
             )
-        if mode == "slow":
-            await asyncio.sleep(app.state.delay_s)
+        if mode == "slow" and await left_within(request, app.state.delay_s):
+            return Response(status_code=499)
         usage = {
             "prompt_tokens": 10,
             "completion_tokens": 2,

@@ -33,8 +33,7 @@ def routed(key_prefix: str, names=("a", "b"), extra_urls=(), **options):
             key_prefix=key_prefix,
             health_interval=0.2,
             replica_cooldown=2.0,
-            first_byte_timeout=1.0,
-            **options,
+            **({"first_byte_timeout": 1.0} | options),
         )
         router = stack.enter_context(ServerThread(create_route_app(settings)))
         yield router, upstreams
@@ -50,9 +49,12 @@ def mode(upstream, value: str) -> None:
 
 @pytest.mark.parametrize("failure", ["429", "503", "slow"])
 def test_a_failure_before_the_first_byte_is_retried_elsewhere(key_prefix, failure) -> None:
-    """429, 503 or a first byte later than --first-byte-timeout: the other replica answers."""
-    with routed(key_prefix, policy="round-robin") as (router, up):
+    """429, 503 or a first byte later than --first-byte-timeout: the other replica answers. The
+    slow replica never answers in time and the timeout leaves the other one ample time on a busy
+    host (its retry has the same timeout)."""
+    with routed(key_prefix, policy="round-robin", first_byte_timeout=5.0) as (router, up):
         mode(up["a"], failure)
+        up["a"].app.state.delay_s = 120.0
         answers = [post(router, CHAT) for _ in range(4)]
         stats = httpx.get(f"{router.base_url}/stats").json()["replicas"]
     assert [r.status_code for r in answers] == [200] * 4
