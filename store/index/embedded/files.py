@@ -12,6 +12,7 @@ One directory (``CACHE_DIR/index``) holds it all::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import signal
@@ -157,6 +158,17 @@ def ready(path: Path) -> bool:
 def ping(path: Path) -> bool:
     """Whether a server on the unix socket ``path`` answers PING with ``+PONG`` (ready)."""
     return (reply(path) or b"").startswith(b"+PONG")
+
+
+def held(lock: Path) -> bool:
+    """Whether another process holds the lock file ``lock`` (shared or exclusive): an exclusive
+    ``flock`` of a new open of it is refused. Creates the file when missing."""
+    with open(lock, "a") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
 
 
 def read_from(path: Path, offset: int = 0) -> str:

@@ -28,7 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from store.index.embedded.files import IndexFiles, alive, die_with_parent, last_lines, read_from, server_args
+from store.index.embedded.files import (
+    IndexFiles,
+    alive,
+    die_with_parent,
+    held,
+    last_lines,
+    read_from,
+    server_args,
+)
 
 log = logging.getLogger("kvproxy.index")
 
@@ -207,16 +215,6 @@ def _take(lock: IO[str], tries: int = 40) -> bool:
     return False
 
 
-def _users_present(users: IO[str]) -> bool:
-    """Whether any process holds ``users.lock`` (shared): then an exclusive lock is refused."""
-    try:
-        fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    fcntl.flock(users, fcntl.LOCK_UN)
-    return False
-
-
 def main(argv: list[str]) -> int:
     """Keep the server of the index in ``argv[0]`` with the binary ``argv[1]`` (module docstring)."""
     files, binary = IndexFiles(Path(argv[0])), Path(argv[1])
@@ -232,9 +230,9 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with open(files.lock("start"), "a") as start_lock, open(files.lock("users"), "a") as users:
+    with open(files.lock("start"), "a") as start_lock:
         try:
-            keeper.run(start_lock, lambda: _users_present(users))
+            keeper.run(start_lock, lambda: held(files.lock("users")))
         except Exception:
             log.exception("the keeper failed")
             keeper.stop()

@@ -21,6 +21,7 @@ from store.index.embedded.files import (
     EmbeddedIndexError,
     IndexFiles,
     alive,
+    held,
     last_lines,
     read_from,
     ready,
@@ -82,11 +83,11 @@ class EmbeddedIndex:
         """
         self.hold()
         with self._start_lock():
-            if alive(self.files.socket) or self._keeper_alive():
+            if alive(self.files.socket) or held(self.files.lock("keeper")):
                 return None
             keeper = self._spawn_keeper()
             # NOTE: the lock is kept until the keeper holds its own (or has exited): no second start
-            while keeper.poll() is None and not self._keeper_alive():
+            while keeper.poll() is None and not held(self.files.lock("keeper")):
                 time.sleep(0.02)
             return keeper
 
@@ -99,7 +100,7 @@ class EmbeddedIndex:
         """
         deadline = time.monotonic() + START_S
         while not ready(self.files.socket):
-            exited = keeper.poll() is not None if keeper is not None else not self._keeper_alive()
+            exited = keeper.poll() is not None if keeper is not None else not held(self.files.lock("keeper"))
             if exited or time.monotonic() > deadline:
                 why = "its keeper exited" if exited else f"no answer within {START_S:.0f} s"
                 raise EmbeddedIndexError(
@@ -113,14 +114,6 @@ class EmbeddedIndex:
         with open(self.files.lock("start"), "a") as start_lock:
             fcntl.flock(start_lock, fcntl.LOCK_EX)
             yield
-
-    def _keeper_alive(self) -> bool:
-        with open(self.files.lock("keeper"), "a") as keeper_lock:
-            try:
-                fcntl.flock(keeper_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            return False
 
     def _spawn_keeper(self) -> subprocess.Popen[bytes]:
         """The keeper, started in a session of its own (a Ctrl-C in its starter's terminal is not
