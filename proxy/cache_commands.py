@@ -190,9 +190,10 @@ def cache_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def open_admin(**flags: Any) -> Any:
-    """The cache the flags point at (``proxy.stores.open_admin``); exits 1 when Redis does not
-    answer, saying why (too slow, not there, refused credentials)."""
+def open_admin(**flags: Any) -> tuple[Settings, Any]:
+    """The flags' settings (the embedded index joined) and the cache they point at
+    (``proxy.stores.open_admin``); exits 1 when Redis does not answer, saying why (too slow, not
+    there, refused credentials)."""
     from proxy.stores import open_admin as open_store_admin
     from proxy.stores import redis_trouble
 
@@ -204,14 +205,14 @@ def open_admin(**flags: Any) -> Any:
     admin = open_store_admin(settings)
     if admin.health() != "ok":
         fail(redis_trouble(settings))
-    return admin
+    return settings, admin
 
 
 @cache.command("stats")
 @cache_options
 def cache_stats(**flags: Any) -> None:
     """Deployment-wide counters, blocks and bytes, as JSON."""
-    stats = open_admin(**flags).deployment_stats()
+    stats = open_admin(**flags)[1].deployment_stats()
     if stats is None:  # NOTE: Redis answered the ping but not the counters (a cluster node is down)
         fail("the deployment's counters could not be read from Redis")
     click.echo(json.dumps(stats, indent=2, sort_keys=True))
@@ -223,7 +224,7 @@ def cache_stats(**flags: Any) -> None:
 def cache_gc(grace: float, **flags: Any) -> None:
     """Reconcile index and blob store: reclaim expired, orphaned and unindexed blocks."""
     try:
-        found = open_admin(**flags).gc(grace)
+        found = open_admin(**flags)[1].gc(grace)
     except OSError as exc:
         fail(f"the blob store failed during the collection: {exc}")
     if found is None:  # NOTE: Redis answered the ping, then failed during the collection
@@ -241,8 +242,9 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
     from proxy.named import lifecycle, service
 
     try:
-        removed = open_admin(**flags).clear(namespace)
-        named = lifecycle.forget_cleared(service.open_named(located(load_settings(**flags))), namespace)
+        settings, admin = open_admin(**flags)
+        removed = admin.clear(namespace)
+        named = lifecycle.forget_cleared(service.open_named(settings), namespace)
     except OSError as exc:
         fail(f"the blob store failed while clearing: {exc}")
     except StoreUnavailable:
