@@ -26,9 +26,10 @@ async def left_within(request: Request, seconds: float) -> bool:
 
 
 def fake_upstream(name: str) -> FastAPI:
-    """An upstream named ``name``; set ``app.state.mode`` to ``ok``, ``429``, ``503``, ``slow``
-    (answers after ``app.state.delay_s``, or never once its client has left), ``drip`` (streams a chunk every ``delay_s``), ``cut`` (a
-    stream dropped after two chunks) or ``down`` (``/health`` answers 503)."""
+    """An upstream named ``name``; set ``app.state.mode`` to ``ok``, ``429``, ``503``,
+    ``slow`` (answers after ``app.state.delay_s``, or never once its client has left), ``drip``
+    (streams a chunk every ``delay_s``), ``cut`` (a stream dropped after two chunks) or ``down``
+    (``/health`` answers 503)."""
     app = FastAPI()
     app.state.settings = Settings()
     app.state.mode, app.state.delay_s, app.state.bodies = "ok", 3.0, []
