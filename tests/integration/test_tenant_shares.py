@@ -82,7 +82,8 @@ def test_an_echoed_field_past_its_bound_is_refused(settings, tiny_model, serve, 
     naming it, and nothing is stored."""
     keyed = settings.model_copy(update={"api_keys": KEYS})
     with serve(keyed, tiny_model) as server:
-        body = {"model": "tiny", "input": "hi", "max_output_tokens": 2} | {field: value}
+        tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+        body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "tools": [tool]} | {field: value}
         answer = httpx.post(
             f"{server.base_url}/v1/responses",
             json=body,
