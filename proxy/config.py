@@ -167,6 +167,15 @@ class Settings(ServerSettings):
     responses_max_bytes: Bytes = Field(
         256 * 2**20, gt=0, description="Byte budget of the stored responses together; the oldest go first."
     )
+    tenant_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="Fraction of each budget tenants share (--responses-max-bytes, --max-pinned-bytes) "
+        "that one tenant may hold, with --api-keys (without them the one tenant holds it all): a tenant "
+        "past its share evicts its own oldest responses and gets a 429 for a named cache, never takes "
+        "another's.",
+    )
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     no_tails: bool = Field(
         False, description="Cache whole 128-token blocks only, no tails (the tokens after the last one)."
@@ -264,6 +273,14 @@ class Settings(ServerSettings):
         if self.blob_url is not None and self.blob_url.startswith("file:"):
             return Path(url2pathname(urlsplit(self.blob_url).path))
         return self.blob_dir if self.blob_dir is not None else self.cache_dir / "blobs"
+
+    def tenant_budget(self, total: int) -> int:
+        """One tenant's share of a budget of ``total`` bytes that tenants share: ``--tenant-share``
+        of it (at least 1) while ``--api-keys`` names tenants, else all of it (a server without
+        keys has one tenant, everyone's). Every such budget takes its share here."""
+        if not (self.api_keys or "").strip():
+            return total
+        return max(1, int(total * self.tenant_share))
 
     @property
     def blob_location(self) -> str:

@@ -50,8 +50,9 @@ async def create(
 
     Raises:
         OpenAIError: 400 for content shorter than a block or longer than the context, or an
-            expiry passed by then; 429 when the pinned bytes would pass ``--max-pinned-bytes``;
-            503 when Redis is unreachable.
+            expiry passed by then; 429 when the pinned bytes would pass the tenant's share of
+            ``--max-pinned-bytes`` or the budget itself (``_check_budget``); 503 when Redis is
+            unreachable.
     """
     ids = await run_in_threadpool(rendered, engine, messages, False)
     if len(ids) < BLOCK_SIZE:
@@ -69,7 +70,8 @@ async def create(
         raise OpenAIError.cache_unavailable(": the named cache was not made")
     pinned = None
     try:
-        await _check_budget(cache, settings, reserved.missing * engine.loaded.kv_spec.block_bytes)
+        fresh = reserved.missing * engine.loaded.kv_spec.block_bytes
+        await _check_budget(cache, named, settings, tenant, fresh, reserved.held + fresh)
         await store_prompt(engine, ids, tenant, _ttl(expiry(time.time())))
         expires = expiry(time.time())
         if expires <= time.time():
@@ -77,7 +79,8 @@ async def create(
         pinned = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expires))  # NOTE: now stored
         if pinned is None or pinned.missing:
             raise OpenAIError(503, "the content's blocks could not be stored; try again", type="server_error")
-        await _check_budget(cache, settings, 0)  # NOTE: of two made at once, both may not fit
+        # NOTE: of two made at once, both may not fit
+        await _check_budget(cache, named, settings, tenant, 0, pinned.held)
         now = time.time()
         record = NamedCache(
             id=uuid.uuid4().hex[:16],
@@ -107,19 +110,40 @@ def _ttl(expires: float) -> int:
     return math.ceil(expires - time.time()) + 1
 
 
-async def _check_budget(cache: CacheAdmin, settings: Settings, need: int) -> None:
-    """Raises OpenAIError: 429 when ``need`` more pinned bytes would pass ``--max-pinned-bytes``
-    (503 when Redis cannot say)."""
+async def _check_budget(
+    cache: CacheAdmin, named: NamedCaches, settings: Settings, tenant: str, need: int, charged: int
+) -> None:
+    """Whether a named cache of ``tenant``'s fits: ``charged`` bytes (its chain's blocks) within
+    the tenant's share of ``--max-pinned-bytes`` (``Settings.tenant_budget``; what its caches hold
+    is the sum of their chains' bytes), and ``need`` more pinned bytes within the budget itself.
+
+    Raises:
+        OpenAIError: 429 for either: the tenant's own figures for its share; for the whole budget
+            no figure, which would tell one tenant what the others pin. 503 when Redis cannot say.
+    """
+    share = settings.tenant_budget(settings.max_pinned_bytes)
+    own = sum(c.block_bytes for c in await on_state(named.of_tenant, tenant))
+    if own + charged > share:
+        whose = "this tenant's share of " if share < settings.max_pinned_bytes else ""
+        raise OpenAIError(
+            429,
+            f"the named caches' pinned blocks would pass {whose}--max-pinned-bytes ({share} bytes; "
+            f"your named caches pin {own}, this one needs {charged}): delete one, or wait for one "
+            "to expire",
+            type="rate_limit_error",
+            code="pinned_budget_exceeded",
+        )
     held = await run_in_threadpool(cache.pinned_bytes)
     if held is None:
         raise OpenAIError.cache_unavailable(": the named cache was not made")
     if held + need > settings.max_pinned_bytes:
         raise OpenAIError(
             429,
-            f"the named caches' pinned blocks would pass --max-pinned-bytes "
-            f"({settings.max_pinned_bytes} bytes; {held} are pinned, this one needs {need})",
+            "the server's budget of pinned blocks (--max-pinned-bytes) is full: try again once "
+            "other named caches expire",
             type="rate_limit_error",
             code="pinned_budget_exceeded",
+            headers={"Retry-After": "60"},
         )
 
 

@@ -10,6 +10,7 @@ would change the answer and cannot be honoured are refused, naming the field.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
@@ -23,6 +24,14 @@ UNSUPPORTED = {
     "prompt": "prompt templates are not supported; send `input` and `instructions`",
 }
 """Fields refused when set, and why."""
+ECHO_TEXT_MOST = 512
+"""The most characters of ``user`` and of an input item's ``id`` or ``call_id``: fields a stored
+response keeps and echoes that the model never reads, bounded as a ``metadata`` value is (OpenAI:
+512 characters)."""
+ECHO_JSON_MOST = 2048
+"""The most characters of ``tool_choice``, and of ``text`` beside its format's ``schema``, as
+compact JSON: echoed whole in a stored response, never read by the model (a function's name,
+a format's type, name, description and strictness fit many times over)."""
 
 
 class ResponsesRequest(BaseModel):
@@ -55,9 +64,37 @@ class ResponsesRequest(BaseModel):
         for key, value in (self.metadata or {}).items():
             if len(key) > 64 or len(value) > 512:
                 return "metadata", "metadata keys are at most 64 characters and values at most 512"
+        if (echoed := self.oversized_echo()) is not None:
+            return echoed
         if not self.input and self.previous_response_id is None:
             return "input", "a response needs `input` (or `previous_response_id` to continue from)"
         return None
+
+    def oversized_echo(self) -> tuple[str, str] | None:
+        """``(param, reason)`` for the first field a stored response would echo past its bound
+        (``ECHO_TEXT_MOST``, ``ECHO_JSON_MOST``): a response is stored whole, so a field the model
+        never reads would otherwise fill the tenant's share of the store with one request."""
+        if self.user is not None and len(self.user) > ECHO_TEXT_MOST:
+            return "user", f"user is at most {ECHO_TEXT_MOST} characters"
+        for i, item in enumerate(self.input if isinstance(self.input, list) else []):
+            for key in ("id", "call_id"):
+                value = item.get(key) if isinstance(item, dict) else None
+                if isinstance(value, str) and len(value) > ECHO_TEXT_MOST:
+                    return f"input[{i}].{key}", f"an item's {key} is at most {ECHO_TEXT_MOST} characters"
+        text = dict(self.text or {})
+        if isinstance(text.get("format"), dict):
+            text["format"] = {k: v for k, v in text["format"].items() if k != "schema"}
+        for name, value in (("tool_choice", self.tool_choice), ("text", text)):
+            if len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) > ECHO_JSON_MOST:
+                where = " beside text.format.schema" if name == "text" else ""
+                return name, f"{name}{where} is at most {ECHO_JSON_MOST} characters as JSON"
+        return None
+
+    def echoed_tools(self) -> list[Any]:
+        """``tools`` as a stored response echoes them: each function tool's own fields only (the
+        model reads its name, description and parameters; nothing else is kept)."""
+        keep = ("type", "name", "description", "parameters", "strict")
+        return [{k: t[k] for k in keep if k in t} if isinstance(t, dict) else t for t in self.tools or []]
 
     def chat_fields(self) -> dict[str, Any]:
         """The chat completion fields this request asks for, besides its messages.

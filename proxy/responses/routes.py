@@ -92,7 +92,7 @@ def skeleton(response_id: str, body: ResponsesRequest) -> dict[str, Any]:
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": text,
         "tool_choice": body.tool_choice or "auto",
-        "tools": body.tools or [],
+        "tools": body.echoed_tools(),
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
         "usage": None,

@@ -16,8 +16,15 @@ eviction are one script on one node). A *member* is ``{tenant digest}:{response 
     ``{prefix}{responses}:order``       sorted set: member -> expiry time (Unix seconds, to the µs)
     ``{prefix}{responses}:sizes``       hash: member -> bytes; ``:bytes`` their sum, kept within
                                         ``--responses-max-bytes`` by evicting the oldest first
+    ``{prefix}{responses}:t:{tenant digest}:order``, ``...:bytes``  the same for one tenant: kept
+                                        within its share (``Settings.tenant_budget``) by evicting
+                                        that tenant's own oldest first
 
 A response id is looked up under the caller's tenant only: another tenant's id is not found.
+A tenant's put evicts its own oldest responses while it holds more than its share, then the
+oldest of any tenant while all together pass the budget (which happens only when more tenants
+than ``1 / --tenant-share`` hold their share): one tenant's traffic never evicts another's
+stored conversations while that one keeps within its share.
 """
 
 from __future__ import annotations
@@ -35,51 +42,13 @@ import xxhash
 
 from proxy.config import Settings
 from proxy.responses.continuation import Continuation
+from proxy.responses.scripts import DELETE, PUT
 from store.index.memory.index import MEMORY_URL
 from store.index.redis.connect import redact_url, redis_client
 from store.index.redis.faults import RedisPlace
 
 SEEN_EXTRA_S = 7 * 86_400
 """How much longer than a response its "seen" marker lives."""
-
-_PUT = """
-local function drop(m)
-  local size = tonumber(redis.call('HGET', KEYS[4], m) or '0')
-  redis.call('HDEL', KEYS[4], m)
-  redis.call('ZREM', KEYS[3], m)
-  redis.call('DEL', ARGV[8] .. m)
-  redis.call('DECRBY', KEYS[5], size)
-end
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[6], 'LIMIT', 0, 64)) do drop(m) end
-if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then drop(ARGV[1]) end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], #ARGV[2])
-local total, evicted = redis.call('INCRBY', KEYS[5], #ARGV[2]), 0
-while total > tonumber(ARGV[7]) do
-  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if oldest == nil or oldest == ARGV[1] then break end
-  drop(oldest)
-  evicted = evicted + 1
-  total = tonumber(redis.call('GET', KEYS[5]))
-end
-return evicted
-"""
-# PUT: store one response, drop expired ones' accounting, evict the oldest while over budget.
-#   KEYS: record, seen, order, sizes, bytes    ARGV: member, JSON, TTL (s), seen TTL (s),
-#   expires at, now, budget (bytes), record key prefix.  Returns how many were evicted.
-
-_DELETE = """
-local existed = redis.call('DEL', KEYS[1])
-redis.call('DEL', KEYS[2])
-local size = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('DECRBY', KEYS[5], size)
-return existed
-"""
-# DELETE: remove one response and its accounting. KEYS as PUT's; ARGV: member. Returns 1 if it was there.
 
 
 @dataclass(frozen=True)
@@ -143,62 +112,94 @@ class RedisResponses:
         client: a Redis, Sentinel or Cluster client (``store.index.redis.connect``).
         ttl_s: seconds a response is kept after it was created.
         max_bytes: the budget of every stored response together (bytes of JSON).
+        tenant_bytes: one tenant's share of it (None: the whole budget).
     """
 
-    def __init__(self, client: redis.Redis, key_prefix: str, ttl_s: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        key_prefix: str,
+        ttl_s: int,
+        max_bytes: int,
+        tenant_bytes: int | None = None,
+    ) -> None:
         self.client, self.ttl_s, self.max_bytes = client, ttl_s, max_bytes
+        self.tenant_bytes = max_bytes if tenant_bytes is None else tenant_bytes
         self.base = f"{key_prefix}{{responses}}:"
-        self._put, self._delete = client.register_script(_PUT), client.register_script(_DELETE)
+        self._put, self._delete = client.register_script(PUT), client.register_script(DELETE)
 
-    def _keys(self, name: str) -> list[str]:
-        b = self.base
-        return [f"{b}r:{name}", f"{b}s:{name}", f"{b}order", f"{b}sizes", f"{b}bytes"]
+    def _keys(self) -> list[str]:
+        return [f"{self.base}sizes", f"{self.base}order", f"{self.base}bytes"]
 
     def put(self, tenant: str, stored: StoredResponse) -> None:
         name, now = member(tenant, stored.response["id"]), time.time()
-        expires = f"{now + self.ttl_s:.6f}"
         args: list[str | int] = [
+            self.base,
             name,
             stored.dumps(),
             self.ttl_s,
             self.ttl_s + SEEN_EXTRA_S,
-            expires,
+            f"{now + self.ttl_s:.6f}",
             f"{now:.6f}",
+            self.max_bytes,
+            self.tenant_bytes,
         ]
-        self._put(keys=self._keys(name), args=[*args, self.max_bytes, f"{self.base}r:"])
+        self._put(keys=self._keys(), args=args)
 
     def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:
-        record, seen = self._keys(member(tenant, response_id))[:2]
+        name = member(tenant, response_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.get(record)
-        pipe.exists(seen)
+        pipe.get(f"{self.base}r:{name}")
+        pipe.exists(f"{self.base}s:{name}")
         text, was_seen = pipe.execute()
         if text is not None:
             return StoredResponse.loads(text)
         return "gone" if was_seen else None
 
     def delete(self, tenant: str, response_id: str) -> bool:
-        name = member(tenant, response_id)
-        return bool(self._delete(keys=self._keys(name), args=[name]))
+        return bool(self._delete(keys=self._keys(), args=[self.base, member(tenant, response_id)]))
 
 
 class MemoryResponses:
-    """``ResponseStore`` in this process (``--redis-url memory://``): forgotten at restart."""
+    """``ResponseStore`` in this process (``--redis-url memory://``): forgotten at restart. The
+    same budgets as ``RedisResponses``: the tenant's share first, then the whole."""
 
-    def __init__(self, ttl_s: int, max_bytes: int) -> None:
+    def __init__(self, ttl_s: int, max_bytes: int, tenant_bytes: int | None = None) -> None:
         self.ttl_s, self.max_bytes = ttl_s, max_bytes
+        self.tenant_bytes = max_bytes if tenant_bytes is None else tenant_bytes
         self._lock = threading.Lock()
         self._records: dict[str, tuple[float, str]] = {}  # member -> (expires at, JSON), oldest first
+        self._own: dict[str, dict[str, int]] = {}  # tenant digest -> {member: bytes}, oldest first
+        self._bytes = 0
         self._seen: dict[str, float] = {}
 
     def put(self, tenant: str, stored: StoredResponse) -> None:
         name, now = member(tenant, stored.response["id"]), time.time()
+        text = stored.dumps()
         with self._lock:
-            self._records.pop(name, None)
-            self._records[name] = (now + self.ttl_s, stored.dumps())
+            # NOTE: one TTL for all: the oldest are the first to expire
+            while self._records and next(iter(self._records.values()))[0] <= now:
+                self._drop(next(iter(self._records)))
+            self._drop(name)
+            self._records[name] = (now + self.ttl_s, text)
+            own = self._own.setdefault(_digest(name), {})
+            own[name], self._bytes = len(text), self._bytes + len(text)
             self._seen[name] = now + self.ttl_s + SEEN_EXTRA_S
-            while sum(len(t) for _, t in self._records.values()) > self.max_bytes and len(self._records) > 1:
-                del self._records[next(iter(self._records))]
+            held = sum(own.values())
+            while held > self.tenant_bytes and (oldest := next(iter(own))) != name:
+                held -= own[oldest]
+                self._drop(oldest)
+            while self._bytes > self.max_bytes and next(iter(self._records)) != name:
+                self._drop(next(iter(self._records)))
+
+    def _drop(self, name: str) -> bool:
+        if self._records.pop(name, None) is None:
+            return False
+        own = self._own[_digest(name)]
+        self._bytes -= own.pop(name)
+        if not own:
+            del self._own[_digest(name)]
+        return True
 
     def get(self, tenant: str, response_id: str) -> StoredResponse | Literal["gone"] | None:
         name, now = member(tenant, response_id), time.time()
@@ -212,7 +213,12 @@ class MemoryResponses:
         name = member(tenant, response_id)
         with self._lock:
             self._seen.pop(name, None)
-            return self._records.pop(name, None) is not None
+            return self._drop(name)
+
+
+def _digest(name: str) -> str:
+    """The tenant digest a member starts with."""
+    return name.partition(":")[0]
 
 
 STATE_TIMEOUT_S = 2.0
@@ -234,9 +240,11 @@ def state_place(settings: Settings) -> RedisPlace:
 
 def open_responses(settings: Settings) -> ResponseStore:
     """The response store ``--redis-url`` names (in this process for ``memory://``), with
-    ``--responses-ttl`` and ``--responses-max-bytes``; nothing is contacted yet."""
+    ``--responses-ttl`` and ``--responses-max-bytes``, of which a tenant holds its share
+    (``Settings.tenant_budget``); nothing is contacted yet."""
     ttl, budget = settings.responses_ttl, settings.responses_max_bytes
+    share = settings.tenant_budget(budget)
     if settings.redis_url.startswith(MEMORY_URL):
-        return MemoryResponses(ttl, budget)
+        return MemoryResponses(ttl, budget, share)
     client = redis_client(settings.redis_url, state_timeout(settings))
-    return RedisResponses(client, settings.key_prefix, ttl, budget)
+    return RedisResponses(client, settings.key_prefix, ttl, budget, share)

@@ -11,7 +11,7 @@ namespace share a slot and a chain lookup stays one round trip on one node):
     ``{prefix}{route}:resp:{tenant}:{id}``  the replica that answered a Responses request of
                                         that id (tenant: a digest); TTL ``--route-ttl``. A
                                         request continuing it goes there (affinity). The same
-                                        for a tenant's ``prompt_cache_key:{key}``, and for its
+                                        for a tenant's ``prompt_cache_key:{digest}``, and for its
                                         named cache ``cachedContents/{id}`` (TTL: the cache's
                                         expiry): the replica holding it.
     ``{prefix}{route}:inflight``       hash: ``"{router}|{replica}"`` -> requests in flight that

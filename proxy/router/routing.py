@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+import xxhash
+
 from hashing import BlockHash
 from proxy.router.identity import Identity, PromptKey
 from proxy.router.index import RouteIndex
@@ -27,9 +29,19 @@ from store.index.redis.faults import RedisPlace, redis_fault
 log = logging.getLogger("route")
 T = TypeVar("T")
 LOCAL_RESPONSES = 10_000
+"""Where responses, named caches and cache keys are, remembered in this process (the latest)."""
+TENANT_LOCAL = LOCAL_RESPONSES // 4
+"""The most of them one tenant has remembered here (a quarter, as ``--tenant-share``'s default):
+past it, a tenant's own oldest go, never another's."""
 PROMPT_CACHE_KEY = "prompt_cache_key:"
 """Where a ``prompt_cache_key``'s replica is remembered: beside the response ids (never such a
-name), per tenant, for ``--route-ttl``."""
+name), per tenant, for ``--route-ttl``; by its digest (``cache_key_digest``), never the key."""
+
+
+def cache_key_digest(cache_key: str) -> str:
+    """A ``prompt_cache_key`` as the router keeps it, in memory and in Redis: 32 hex digits of its
+    xxh3-128 (a key is the client's, of any length; a collision only moves a preference)."""
+    return xxhash.xxh3_128_hexdigest(cache_key.encode())
 
 
 class Router:
@@ -62,6 +74,8 @@ class Router:
         self.responses: OrderedDict[tuple[str, str], str] = OrderedDict()
         """(tenant, response id) -> the replica that answered it, the latest ``LOCAL_RESPONSES``:
         affinity while Redis is off or down."""
+        self.own: dict[str, OrderedDict[str, None]] = {}
+        """tenant -> its ids in ``responses``, oldest first (``TENANT_LOCAL``)."""
 
     @property
     def redis_ok(self) -> bool:
@@ -139,16 +153,32 @@ class Router:
         names, such as a named cache): its continuations go there. Remembered for ``ttl_s``
         seconds (``--route-ttl`` by default) in the shared index, and here the latest
         ``LOCAL_RESPONSES`` (for as long as Redis is off or down)."""
-        self.responses[(tenant, response_id)] = replica.url
-        while len(self.responses) > LOCAL_RESPONSES:
-            self.responses.popitem(last=False)
+        self._remember_here(tenant, response_id, replica.url)
         if self.index is not None:
             ttl = self.settings.route_ttl if ttl_s is None else ttl_s
             await self._redis(self.index.remember_response, tenant, response_id, replica.url, ttl)
 
+    def _remember_here(self, tenant: str, response_id: str, url: str) -> None:
+        """Remember in this process: the latest ``LOCAL_RESPONSES``, at most ``TENANT_LOCAL`` of
+        one tenant (past that, its own oldest go first)."""
+        self.responses.pop((tenant, response_id), None)
+        self.responses[(tenant, response_id)] = url
+        own = self.own.setdefault(tenant, OrderedDict())
+        own.pop(response_id, None)
+        own[response_id] = None
+        while len(own) > TENANT_LOCAL:
+            self.responses.pop((tenant, own.popitem(last=False)[0]), None)
+        while len(self.responses) > LOCAL_RESPONSES:
+            (who, oldest), _ = self.responses.popitem(last=False)
+            self.own[who].pop(oldest, None)
+            if not self.own[who]:
+                del self.own[who]
+
     async def forget_response(self, tenant: str, response_id: str) -> None:
         """Forget where ``tenant``'s ``response_id`` is (it was deleted)."""
         self.responses.pop((tenant, response_id), None)
+        if (own := self.own.get(tenant)) is not None:
+            own.pop(response_id, None)
         if self.index is not None:
             await self._redis(self.index.forget_response, tenant, response_id)
 
@@ -162,12 +192,12 @@ class Router:
     async def key_replica(self, tenant: str, cache_key: str) -> str | None:
         """The replica that last answered ``tenant``'s requests with ``prompt_cache_key``
         ``cache_key``, if known (remembered as ``remember_key`` left it)."""
-        return await self.response_replica(tenant, PROMPT_CACHE_KEY + cache_key)
+        return await self.response_replica(tenant, PROMPT_CACHE_KEY + cache_key_digest(cache_key))
 
     async def remember_key(self, tenant: str, cache_key: str, replica: Replica) -> None:
         """``replica`` answered a request of ``tenant``'s with ``prompt_cache_key`` ``cache_key``:
         the key's next requests go there, within the load limits (``choose``'s ``prefer``)."""
-        await self.remember_response(tenant, PROMPT_CACHE_KEY + cache_key, replica)
+        await self.remember_response(tenant, PROMPT_CACHE_KEY + cache_key_digest(cache_key), replica)
 
     async def probe_forever(self) -> None:
         """Probe every replica's health each ``--health-interval`` seconds; heartbeat the index."""

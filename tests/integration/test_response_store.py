@@ -59,3 +59,33 @@ def test_expired_is_gone(store) -> None:
     time.sleep(2.1)
     assert responses.get("a", "resp_1") == "gone"
     assert responses.get("b", "resp_1") is None
+
+
+@pytest.fixture(params=["redis", "memory"])
+def shared(request, redis_client, key_prefix):
+    """A store of ``max_bytes`` of which a tenant holds ``tenant_bytes``."""
+    if request.param == "memory":
+        return lambda max_bytes, tenant_bytes: MemoryResponses(60, max_bytes, tenant_bytes)
+    return lambda max_bytes, tenant_bytes: RedisResponses(
+        redis_client, key_prefix, 60, max_bytes, tenant_bytes
+    )
+
+
+def test_a_tenant_past_its_share_evicts_its_own_oldest(shared) -> None:
+    """A share of two responses in a budget of four: tenant a's fourth evicts a's first two, never
+    b's; the budget still holds once more tenants than it has shares for fill theirs (c's second
+    makes five: the oldest of all, b's, goes)."""
+    size = len(record("resp_0", 200).dumps())
+    responses = shared(4 * size + size // 2, 2 * size + size // 2)
+    responses.put("b", record("resp_b", 200))
+    for i in range(4):
+        responses.put("a", record(f"resp_{i}", 200))
+        time.sleep(0.01)
+    assert [responses.get("a", f"resp_{i}") == "gone" for i in range(4)] == [True, True, False, False]
+    assert responses.get("b", "resp_b") == record("resp_b", 200)
+    responses.put("c", record("resp_c0", 200))
+    assert responses.get("b", "resp_b") == record("resp_b", 200)
+    responses.put("c", record("resp_c1", 200))
+    assert responses.get("b", "resp_b") == "gone"
+    assert [responses.get(t, i) != "gone" for t, i in (("a", "resp_2"), ("c", "resp_c0"))] == [True, True]
+    assert responses.delete("c", "resp_c1") and responses.get("c", "resp_c1") is None
