@@ -171,10 +171,10 @@ class Settings(ServerSettings):
         0.25,
         gt=0,
         le=1,
-        description="Fraction of each budget tenants share (--responses-max-bytes, --max-pinned-bytes) "
-        "that one tenant may hold, with --api-keys (without them the one tenant holds it all): a tenant "
-        "past its share evicts its own oldest responses and gets a 429 for a named cache, never takes "
-        "another's.",
+        description="Fraction of each budget tenants share (--max-cache-bytes, --responses-max-bytes, "
+        "--max-pinned-bytes) that one tenant may hold, with --api-keys (without them the one tenant "
+        "holds it all): a tenant past its share evicts its own oldest blocks and responses first and "
+        "gets a 429 for a named cache, never takes another's.",
     )
     no_cache: bool = Field(False, description="Serve with prefix caching completely off.")
     no_tails: bool = Field(

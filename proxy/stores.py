@@ -100,6 +100,7 @@ def cache_options(settings: Settings, budget: int | None) -> CacheOptions:
     return CacheOptions(
         ttl_s=settings.ttl,
         max_bytes=budget,
+        namespace_max_bytes=None if budget is None else settings.tenant_budget(budget),
         breaker_cooldown_s=settings.redis_retry,
         ram_bytes=settings.ram_cache_bytes,
         read_timeout_s=settings.cache_read_timeout,

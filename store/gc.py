@@ -151,11 +151,11 @@ class GarbageCollector:
         self._thread.join(10)
 
 
-def evict_to_budget(parts: StoreParts, max_bytes: int) -> int:
+def evict_to_budget(parts: StoreParts, max_bytes: int, namespace_max_bytes: int | None = None) -> int:
     """Evict least recently used blocks (index entry, RAM tier, blob) until the blob store holds at
-    most ``max_bytes`` bytes; returns how many were evicted (0 when Redis failed: the guard
-    counted it)."""
-    evicted = parts.guard.redis("evict", parts.index.evict, max_bytes) or []
+    most ``max_bytes`` bytes, those of a namespace past ``namespace_max_bytes`` first (a tenant's
+    share); returns how many were evicted (0 when Redis failed: the guard counted it)."""
+    evicted = parts.guard.redis("evict", parts.index.evict, max_bytes, namespace_max_bytes) or []
     for member in evicted:
         namespace, block_hash = parse_member(member)
         parts.ram.drop(namespace, block_hash)

@@ -26,6 +26,8 @@ class CacheOptions:
         ttl_s: default TTL in seconds of new entries, refreshed on every hit.
         max_bytes: budget of the blob store in bytes (None: none); least recently used blocks are
             evicted beyond it.
+        namespace_max_bytes: one namespace's (a tenant's) share of ``max_bytes``: beyond the
+            budget, a namespace holding more gives up its own blocks first (None: no share).
         breaker_cooldown_s: how long to skip Redis after it failed.
         max_pending_saves: bound of the background writer's queue (jobs).
         ram_bytes: budget in bytes of the RAM tier of recently used blocks (0: no RAM tier).
@@ -40,6 +42,7 @@ class CacheOptions:
 
     ttl_s: int = 3600
     max_bytes: int | None = None
+    namespace_max_bytes: int | None = None
     breaker_cooldown_s: float = 5.0
     max_pending_saves: int = 64
     ram_bytes: int = 0

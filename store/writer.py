@@ -44,12 +44,13 @@ class BlockWriter:
         parts: the cache's shared parts.
         spec: the shape and dtype blocks are encoded in.
         options: ``max_bytes``, the budget (checked after every publish: exceeded by at most one
-            batch per concurrent writer), and ``max_pending_saves``, the queue's bound, beyond
-            which saves are dropped and counted (a slow disk never holds tensors without limit).
+            batch per concurrent writer), ``namespace_max_bytes``, a tenant's share of it, and
+            ``max_pending_saves``, the queue's bound, beyond which saves are dropped and counted
+            (a slow disk never holds tensors without limit).
     """
 
     def __init__(self, parts: StoreParts, spec: KVSpec, options: CacheOptions) -> None:
-        self.parts, self.spec, self.max_bytes = parts, spec, options.max_bytes
+        self.parts, self.spec, self.options = parts, spec, options
         self.pending = PendingBlocks()
         self.counts = SharedCounts(parts.counters, parts.stats_guard)
         # NOTE: one background thread does every write (blobs, index entries, shared counters), so
@@ -146,7 +147,8 @@ class BlockWriter:
 
     def evict_to_budget(self) -> None:
         """Evict least recently used blocks until within ``max_bytes`` (``store.gc.evict_to_budget``)."""
-        if self.max_bytes is not None and (evicted := evict_to_budget(self.parts, self.max_bytes)):
+        budget, share = self.options.max_bytes, self.options.namespace_max_bytes
+        if budget is not None and (evicted := evict_to_budget(self.parts, budget, share)):
             self.share(None, evicted_budget=evicted)
 
     def _loop(self) -> None:
@@ -222,7 +224,7 @@ class BlockWriter:
             if done is not None and keep:
                 parts.ram.put(namespace, item.block if item.data else served(item.block, self.spec))
         # NOTE: after the RAM tier took the batch, so a block evicted now leaves it too
-        if total is not None and self.max_bytes is not None and total > self.max_bytes:
+        if total is not None and total > (self.options.max_bytes or total):
             self.evict_to_budget()
         return Published(stored, failure)
 

@@ -121,7 +121,9 @@ class BlockIndex(Protocol):
     - ``missing`` and ``publish`` take a batch: one round trip however many blocks.
     - ``evict`` removes least recently used entries (the tail of a chain before its head) until
       at most ``max_bytes`` are accounted besides the pinned ones (``pins``:
-      ``store.index.retention.Pins``), which it never removes; evicting nothing is a no-op. It
+      ``store.index.retention.Pins``), which it never removes, a namespace holding more than
+      ``namespace_max_bytes`` of them (a tenant past its share) giving up its own first; evicting
+      nothing is a no-op. It
       returns the members removed, whose blobs the caller deletes; so do ``reclaim`` and ``drop``.
     """
 
@@ -158,7 +160,7 @@ class BlockIndex(Protocol):
         atomically); returns the bytes accounted now, over every namespace."""
         ...
 
-    def evict(self, max_bytes: int) -> list[str]: ...
+    def evict(self, max_bytes: int, namespace_max_bytes: int | None = None) -> list[str]: ...
 
     def prune_tails(self) -> None:
         """Drop the listings of expired tails (a lookup also drops those after the tip it reads;

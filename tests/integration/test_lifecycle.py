@@ -3,6 +3,7 @@ collection, administration. Real Redis, tiny model, real HTTP; each blob backend
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -129,7 +130,7 @@ def test_byte_budget_evicts_least_recently_used_tail_first(cached, settings):
     four = [h for p in (a, b) for h in block_hashes(p, namespace)]
     sizes = [cached.cache.parts.blobs.size(namespace, h) or 0 for h in four]
     budget = sum(sizes) + sum(sizes) // 20
-    cached.cache.writer.max_bytes = budget
+    cached.cache.writer.options = dataclasses.replace(cached.cache.writer.options, max_bytes=budget)
     cached.cache.writer.evict_to_budget()
     stats = cached.cache.admin.stats()
     assert cached.cache.parts.index.num_blocks() == 4  # blocks only: A's and B's tails all went first

@@ -13,6 +13,7 @@ from hashing import BLOCK_SIZE, BlockHash, NamespaceIdentity, block_hashes
 from store.cache import BlockCache
 from store.entries import member_name, new_entry
 from store.index.base import Publication
+from store.index.memory.index import MemoryIndex
 from store.index.redis.index import RedisIndex
 from store.parts import CacheOptions
 from tests.helpers import HANG_S, NS, SPEC, kv
@@ -114,6 +115,24 @@ def test_unreachable_redis_is_a_miss_not_an_error(blob_store) -> None:
     assert cache.flush(HANG_S)
     assert cache.admin.health() == "degraded"
     assert stored_names(blob_store) == []
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_namespace_past_its_share_gives_up_its_own_blocks_first(redis_client, key_prefix, kind) -> None:
+    """A tenant's namespace holding more than its share of the budget loses its own oldest blocks
+    when the budget is full, however recently another tenant last used its own: one tenant's
+    traffic does not evict another's prefixes. Without a share, the least recently used go."""
+    for share, kept_b in ((300, 2), (None, 0)):
+        index = MemoryIndex() if kind == "memory" else RedisIndex(redis_client, f"{key_prefix}{share}:")
+        a, b = (NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant=t).digest() for t in "ab")
+        for step, ns in enumerate([b, b, a, a, a, a, a, a]):  # b's two blocks are the oldest
+            entry = new_entry(f"x/{step}", 100, None)
+            index.publish(
+                ns, [Publication(BlockHash(bytes([step]) * 16), None, 0, entry, 600, used_at=1000.0 + step)]
+            )
+        evicted = index.evict(600, share)
+        assert index.total_bytes() == 600 and len(evicted) == 2
+        assert sum(m.startswith(b.hex()) for batch in index.members() for m in batch) == kept_b
 
 
 def test_the_byte_budget_is_global_over_namespaces(redis_client, key_prefix) -> None:

@@ -98,3 +98,23 @@ def test_nothing_a_tenant_reads_reveals_another(keyed) -> None:
     Api(keyed).flush()
     after = b_view()
     assert before == after
+
+
+def test_one_tenants_traffic_never_evicts_anothers_prefix(settings, tiny_model, serve, tmp_path) -> None:
+    """The cache's byte budget (12 blocks) is full of tenant A's prompts; A past its share
+    (``--tenant-share``: 3 blocks) gives up its own oldest blocks, so B's prefix, older than all
+    of A's, is still a hit."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("key-a\nkey-b\n")
+    update = {
+        "api_keys": str(keys),
+        "admin_key": "adm",
+        "max_cache_bytes": 12 * tiny_model.kv_spec.block_bytes,
+    }
+    with serve(settings.model_copy(update=update), tiny_model) as server:
+        complete(server, "key-b")
+        Api(server).flush()
+        for seed in range(10):
+            complete(server, "key-a", prompt=random_tokens(300, seed=300 + seed))
+            Api(server).flush()
+        assert cached(complete(server, "key-b")) >= 256

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -162,12 +163,19 @@ class MemoryIndex:
         return PIN_OFFSET if member in self.pinned else lru_offset(expires - self.clock())
 
     @_locked
-    def evict(self, max_bytes: int) -> list[str]:
+    def evict(self, max_bytes: int, namespace_max_bytes: int | None = None) -> list[str]:
         evicted = []
         unpinned = {m: score for m, score in self.lru.items() if m not in self.pinned}
+        held = Counter[str]()
+        for member in unpinned:
+            held[member.partition(":")[0]] += self.sizes.get(member, 0)
         while self.total_bytes() - self.pins.pinned_bytes() > max_bytes and unpinned:
-            member = min(unpinned, key=unpinned.__getitem__)
+            ns, most = held.most_common(1)[0]
+            past = namespace_max_bytes is not None and most > namespace_max_bytes
+            candidates = (m for m in unpinned if not past or m.startswith(ns + ":"))
+            member = min(candidates, key=unpinned.__getitem__)
             del unpinned[member]
+            held[member.partition(":")[0]] -= self.sizes.get(member, 0)
             self._forget(member)
             evicted.append(member)
         return evicted

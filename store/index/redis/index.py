@@ -114,24 +114,36 @@ class RedisIndex:
             getattr(pipe, command)(self.keys.of(ns, rest))
         return {ns: int(v or 0) for ns, v in zip(spaces, pipe.execute() if spaces else [], strict=True)}
 
-    def evict(self, max_bytes: int) -> list[str]:
+    def evict(self, max_bytes: int, namespace_max_bytes: int | None = None) -> list[str]:
         """Remove least recently used blocks until the store holds at most ``max_bytes``.
 
-        The budget is global and leaves pinned blocks out (``store.index.redis.pins``): each
-        round reads every namespace's bytes and oldest member, then evicts from the namespace
-        holding the globally oldest block, down to the next namespace's oldest (one script on
-        that namespace's node). A member used since it was read is kept. Writers publishing
-        meanwhile may overshoot by their blocks until the next eviction.
+        The budget is global and leaves pinned blocks out (``store.index.redis.pins``). Each round
+        reads every namespace's bytes and oldest member. A namespace holding more than
+        ``namespace_max_bytes`` unpinned (a tenant past its share) gives up its own oldest first,
+        the one furthest past its share first; then the namespace holding the globally oldest block
+        evicts down to the next namespace's oldest (one script on that namespace's node). A member
+        used since it was read is kept. Writers publishing meanwhile may overshoot by their blocks
+        until the next eviction.
 
         Returns:
             The evicted members; their blobs are the caller's to delete.
         """
         evicted: list[str] = []
+        spared: set[str] = set()  # NOTE: past its share by pinned blocks alone: nothing to take
         while True:
             held = self._per_namespace("get", "bytes")
-            excess = sum(held.values()) - self.pins.pinned_bytes() - max_bytes
+            pinned = self._per_namespace("get", "pinned")
+            excess = sum(held.values()) - sum(pinned.values()) - max_bytes
             if excess <= 0:
                 return evicted
+            past = {} if namespace_max_bytes is None else self._past_share(held, pinned, namespace_max_bytes)
+            past = {ns: over for ns, over in past.items() if ns not in spared}
+            if past:
+                ns = max(past, key=past.__getitem__)
+                removed = self._evict_oldest(ns, pinned_floor(time.time()), min(excess, past[ns]))
+                spared |= set() if removed else {ns}
+                evicted += removed
+                continue
             pipe = self.client.pipeline(transaction=False)
             spaces = [ns for ns, n in held.items() if n > 0]
             for ns in spaces:
@@ -142,15 +154,24 @@ class RedisIndex:
             if not oldest:
                 return evicted
             ns, bound = oldest[0][1], min(floor, oldest[1][0] if len(oldest) > 1 else floor)
-            lru = self.keys.of(ns, "lru")
-            rows: list[tuple[bytes, float]] = self.client.zrangebyscore(  # type: ignore[assignment]
-                lru, "-inf", bound, 0, EVICT_BATCH, withscores=True
-            )
-            members = [(m.decode(), score) for m, score in rows]
-            removed = self._forget_members(ns, members, "evict", excess)
+            removed = self._evict_oldest(ns, bound, excess)
             if not removed:
                 return evicted
             evicted += removed
+
+    @staticmethod
+    def _past_share(held: dict[str, int], pinned: dict[str, int], share: int) -> dict[str, int]:
+        """The namespaces holding more than ``share`` bytes unpinned, and by how many bytes."""
+        past = {ns: n - pinned.get(ns, 0) - share for ns, n in held.items()}
+        return {ns: over for ns, over in past.items() if over > 0}
+
+    def _evict_oldest(self, ns: str, bound: float, excess: int) -> list[str]:
+        """Evict namespace ``ns``'s least recently used members scored at most ``bound``, freeing
+        up to ``excess`` bytes (``EVICT_BATCH`` members read at most); the members removed."""
+        rows: list[tuple[bytes, float]] = self.client.zrangebyscore(  # type: ignore[assignment]
+            self.keys.of(ns, "lru"), "-inf", bound, 0, EVICT_BATCH, withscores=True
+        )
+        return self._forget_members(ns, [(m.decode(), score) for m, score in rows], "evict", excess)
 
     def prune_tails(self) -> None:
         """Drop expired tails from every namespace's listings (``store.index.redis.tails``)."""
