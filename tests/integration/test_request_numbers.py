@@ -14,7 +14,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from tests.integration.test_route import cluster
+from tests.integration.test_route import cluster, text
 
 NOT_NUMBERS = ["²", "١٢", "1" * 5000, "-1", " 1", "1_0", "+1", "1.0"]
 """Superscript, Arabic-Indic digits, past int's digit limit, then a sign, a space, a separator."""
@@ -72,7 +72,8 @@ def test_the_models_listing_pages_as_gemini_does(server) -> None:
 def test_a_ttl_is_protobufs_duration_in_ascii_digits(server, ttl) -> None:
     """A named cache's ``ttl``: at most 12 ASCII digits of seconds and 9 of fractions, else 400
     naming ttl (Arabic-Indic digits were read as 3 seconds)."""
-    body = {"model": "models/tiny", "contents": [{"parts": [{"text": "a document"}]}], "ttl": ttl}
+    document = text(1, 200)  # over a block: a cache that would be made
+    body = {"model": "models/tiny", "contents": [{"parts": [{"text": document}]}], "ttl": ttl}
     r = httpx.post(f"{server.base_url}/v1beta/cachedContents", json=body, timeout=60)
     assert_google_400(r, "ttl")
 
