@@ -3,6 +3,7 @@ tools."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -17,6 +18,7 @@ from proxy.anthropic import protocol as anthropic
 from proxy.anthropic.caching import breakpoint_error, breakpoint_ttls, creation
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content, message_tools, tool_breakpoints
+from proxy.anthropic.turns import content_error, prefill
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named.bodies import messages_body
@@ -65,7 +67,10 @@ def render(engine: Engine, body: anthropic.MessagesRequest, tools: ToolSet | Non
     messages, template_tools = tool_messages(raw, tools, fmt)
     extra = body.model_extra or {}
     try:
-        ids = render_chat(tokenizer, messages, tools=template_tools)
+        # NOTE: a prefill (a final assistant turn) is left open: the answer continues its text
+        ids = render_chat(
+            tokenizer, messages, tools=template_tools, continue_final_message=bool(prefill(body))
+        )
         positions = []
         for index, ttl in breakpoints:
             head_messages, head_tools = tool_messages(raw[: index + 1], tools, fmt)
@@ -91,11 +96,16 @@ def accept(engine: Engine, body: anthropic.MessagesRequest) -> ToolSet | None:
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
-    if (broken := breakpoint_error(body)) is not None:
-        param, reason = broken
-        raise OpenAIError(400, reason, param=param)
+    for broken in (content_error(body), breakpoint_error(body)):
+        if broken is not None:
+            raise OpenAIError(400, broken[1], param=broken[0])
     extra = body.model_extra or {}
     return message_tools(extra.get("tools"), extra.get("tool_choice"))
+
+
+def _continued(ahead: Callable[[str], object], prefilled: str, answer: str) -> object:
+    """``ahead`` of the whole assistant turn: the prefill and its continuation."""
+    return ahead(prefilled + answer)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -144,7 +154,12 @@ async def messages(
         boundaries=prompt.boundaries,
         grammar=plan.grammar,
     )
-    ahead = render_ahead(engine, settings, prompt.messages, generation, None, prompt.tools)
+    # NOTE: after a prefill, the next turn holds the whole assistant turn: prefill and continuation
+    prefilled = prefill(body)
+    history = prompt.messages[:-1] if prefilled else prompt.messages
+    ahead = render_ahead(engine, settings, history, generation, None, prompt.tools)
+    if ahead is not None and prefilled:
+        ahead = partial(_continued, ahead, prefilled)
     tokenizer = engine.loaded.tokenizer
     span = (
         None

@@ -116,6 +116,8 @@ class MessagesRequest(_Lenient):
             messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
             breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
         for message in self.messages:
+            if message is self.messages[-1] and message.role == "assistant" and not message.content:
+                break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
             blocks = message.blocks()
             for block in blocks:
                 if block.type == "tool_result":

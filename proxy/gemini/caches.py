@@ -21,6 +21,7 @@ from proxy.gemini.protocol import (
 )
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
+from proxy.http.numbers import page_bounds
 from proxy.named import lifecycle, service
 from proxy.named.registry import NamedCache, NamedCaches, tenant_digest
 from proxy.serving.validation import check_model
@@ -31,6 +32,8 @@ router = APIRouter()
 NamedDep = Annotated[NamedCaches, Depends(service.get_named)]
 DEFAULT_TTL_S = 3600
 """A named cache's lifetime when neither ``ttl`` nor ``expireTime`` is given (Gemini's hour)."""
+PAGE_MOST = 1000
+"""The largest ``pageSize`` of a listing (Gemini's)."""
 
 
 def described(record: NamedCache) -> dict[str, Any]:
@@ -100,18 +103,20 @@ async def create(body: CachedContentRequest, c: CachingDep) -> dict[str, Any]:
 async def listing(
     named: NamedDep,
     tenant: Tenant,
-    page_size: Annotated[int, Query(alias="pageSize", ge=1, le=1000)] = 100,
+    page_size: Annotated[str, Query(alias="pageSize")] = "100",
     page_token: Annotated[str, Query(alias="pageToken")] = "",
 ) -> dict[str, Any]:
-    """The tenant's live caches, oldest first, ``pageSize`` a page (``nextPageToken`` the next)."""
-    if page_token and not page_token.isdigit():
-        raise OpenAIError(400, "pageToken: not a token this server gave", param="pageToken")
-    start, now = int(page_token or 0), time.time()
+    """The tenant's live caches, oldest first, ``pageSize`` a page (``nextPageToken`` the next).
+
+    Raises:
+        OpenAIError: 400 for a ``pageSize`` or ``pageToken`` this server did not give.
+    """
+    start, size = page_bounds(page_token, page_size, PAGE_MOST)
+    now = time.time()
     live = [c for c in await service.on_state(named.of_tenant, tenant) if c.expires > now]
-    page = live[start : start + page_size]
-    out: dict[str, Any] = {"cachedContents": [described(c) for c in page]}
-    if start + page_size < len(live):
-        out["nextPageToken"] = str(start + page_size)
+    out: dict[str, Any] = {"cachedContents": [described(c) for c in live[start : start + size]]}
+    if start + size < len(live):
+        out["nextPageToken"] = str(start + size)
     return out
 
 

@@ -4,21 +4,24 @@ cache's content included)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine
 from proxy.gemini.generate import NamedDep, prompt_messages
 from proxy.gemini.protocol import GenerateContentRequest, model_name
 from proxy.http.auth import Tenant, get_tenant
+from proxy.http.numbers import page_bounds
 from proxy.named import service
 from proxy.serving.validation import check_model
 from proxy.state import EngineDep
 
 router = APIRouter()
 METHODS = ["generateContent", "streamGenerateContent", "countTokens", "createCachedContent"]
+PAGE_MOST = 1000
+"""The largest ``pageSize`` of a listing (Gemini's)."""
 
 
 def described(engine: Engine, name: str) -> dict[str, Any]:
@@ -34,8 +37,23 @@ def described(engine: Engine, name: str) -> dict[str, Any]:
 
 
 @router.get("/v1beta/models", dependencies=[Depends(get_tenant)])
-async def listing(engine: EngineDep) -> dict[str, Any]:
-    return {"models": [described(engine, name) for name in engine.loaded.served_names]}
+async def listing(
+    engine: EngineDep,
+    page_size: Annotated[str, Query(alias="pageSize")] = "50",
+    page_token: Annotated[str, Query(alias="pageToken")] = "",
+) -> dict[str, Any]:
+    """The served model under each of its names, ``pageSize`` a page (Gemini's default 50, at
+    most ``PAGE_MOST``; ``nextPageToken`` the next).
+
+    Raises:
+        OpenAIError: 400 for a ``pageSize`` or ``pageToken`` this server did not give.
+    """
+    start, size = page_bounds(page_token, page_size, PAGE_MOST)
+    names = engine.loaded.served_names
+    out: dict[str, Any] = {"models": [described(engine, name) for name in names[start : start + size]]}
+    if start + size < len(names):
+        out["nextPageToken"] = str(start + size)
+    return out
 
 
 @router.get("/v1beta/models/{model}", dependencies=[Depends(get_tenant)])

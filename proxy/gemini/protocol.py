@@ -11,15 +11,30 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from proxy.http.errors import OpenAIError
+from proxy.http.numbers import is_count
 
+DURATION = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?s")
+"""A ``ttl`` (protobuf's ``Duration`` in JSON: ``"600s"``, ``"1.5s"``)."""
 ROLES = {"user": "user", "model": "assistant"}
 """Gemini's content roles as chat roles."""
+
+
+def _proto_int(value: Any) -> Any:
+    """An int32 as protobuf's JSON writes it: a number, or a string of ASCII digits (an optional
+    ``-``), never ``"²"``, ``"1_000"`` or thousands of digits (``proxy.http.numbers``)."""
+    if isinstance(value, str) and not is_count(value.removeprefix("-")):
+        raise ValueError("an integer in ASCII digits")
+    return value
+
+
+Int32 = Annotated[int, BeforeValidator(_proto_int), Field(ge=-(2**31), le=2**31 - 1)]
+"""Gemini's int32 fields (``maxOutputTokens``, ``seed``)."""
 
 
 class _Body(BaseModel):
@@ -64,12 +79,12 @@ def chat_messages(
 
 
 class GenerationConfig(_Body):
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: Int32 | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stop_sequences: list[str] | None = Field(None, max_length=5)
     candidate_count: Literal[1] | None = None
-    seed: int | None = None
+    seed: Int32 | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     response_mime_type: Literal["text/plain"] | None = None
@@ -127,8 +142,10 @@ class CachedContentRequest(_Body):
     @field_validator("ttl")
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"\d+(\.\d+)?s", value):
-            raise ValueError(f"{value!r} is not a duration such as '600s'")
+        # NOTE: protobuf's Duration in JSON: ASCII digits, at most 12 of seconds (its range,
+        # 315,576,000,000 s) and 9 of fractions; ``\d`` would take any script's digits
+        if value is not None and not DURATION.fullmatch(value):
+            raise ValueError(f"{value[:40]!r} is not a duration such as '600s'")
         return value
 
     def expiry(self, now: float, default_s: int, longest_s: int) -> float:

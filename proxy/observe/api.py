@@ -69,8 +69,9 @@ async def stats(
       every 30 s over the last hour (``proxy.observe.usage``); deployment scope only.
     - ``hot_prefixes``: the 10 cached prefixes that saved the most tokens (``proxy.observe.panels``):
       ``tenant``, ``namespace``, ``hits``, ``tokens_saved``, ``blocks``, ``cached_tokens``,
-      ``bytes``, ``ttl_seconds`` and ``text``, the prefix's first 60 characters for the caller's
-      own tenant only (None for another tenant's, e.g. for the admin key).
+      ``bytes``, ``ttl_seconds`` and ``text``, the prefix's first 60 characters after what the
+      chat template writes before every chat (``panels.prefix_text``), for the caller's own
+      tenant only (None for another tenant's, e.g. for the admin key).
     - ``tenants``: per tenant (namespace) with traffic, all-time ``prompt_tokens``,
       ``cached_tokens``, ``hit_rate`` and ``last_hour``; deployment scope only.
 

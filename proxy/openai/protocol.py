@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from proxy.http.numbers import is_count
+
 # NOTE: strict numbers and booleans: "5" is not a max_tokens and "yes" is not a stream.
 Count = Annotated[StrictInt, Field(ge=1)]
 Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
@@ -113,8 +115,8 @@ class SamplingFields(_Lenient):
         """
         bias: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit() or not 0 <= int(key) < vocab_size:
-                raise ValueError(f"logit_bias key {key!r} is not a token id in [0, {vocab_size})")
+            if not is_count(key) or not 0 <= int(key) < vocab_size:  # NOTE: ASCII digits only
+                raise ValueError(f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab_size})")
             bias[int(key)] = value
         return bias
 

@@ -22,9 +22,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from proxy.gemini.protocol import model_name
+from proxy.http.numbers import page_bounds
 from proxy.router.deps import RouteTenant, credentials, router_of
 from proxy.router.forward import forward, pass_through, while_connected
-from proxy.router.named import PREFIX, holder, learn, listing, named_in
+from proxy.router.named import PAGE_MOST, PREFIX, holder, learn, listing, named_in
 from proxy.router.policy import Endpoint
 
 api = APIRouter()
@@ -57,9 +58,17 @@ async def count_tokens(request: Request, model: str, tenant: RouteTenant) -> Res
 
 @api.get("/v1beta/models")
 async def models(request: Request, _: RouteTenant) -> dict[str, Any]:
-    """The union of the ``Model`` resources the replicas that are up list (the first wins)."""
+    """The union of the ``Model`` resources the replicas that are up list (the first wins),
+    paged by the router as a replica pages its own (``pageSize``, ``pageToken``).
+
+    Raises:
+        OpenAIError: 400 for a ``pageSize`` or ``pageToken`` this router did not give.
+    """
     router = router_of(request)
+    query = request.query_params
+    start, size = page_bounds(query.get("pageToken", ""), query.get("pageSize", "50"), PAGE_MOST)
     headers, params = credentials(request)
+    params = params | {"pageSize": str(PAGE_MOST)}
 
     async def listed(url: str) -> list[dict[str, Any]]:
         replica = router.replicas.get(url)
@@ -76,7 +85,11 @@ async def models(request: Request, _: RouteTenant) -> dict[str, Any]:
     for entries in await asyncio.gather(*(listed(r.url) for r in router.replicas.candidates(None))):
         for entry in entries:
             seen.setdefault(entry["name"], entry)
-    return {"models": list(seen.values())}
+    models = list(seen.values())
+    out: dict[str, Any] = {"models": models[start : start + size]}
+    if start + size < len(models):
+        out["nextPageToken"] = str(start + size)
+    return out
 
 
 @api.get("/v1beta/models/{model}")

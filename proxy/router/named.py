@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from proxy.http.errors import OpenAIError
+from proxy.http.numbers import page_bounds
 from proxy.router.deps import credentials
 from proxy.router.policy import Endpoint
 from proxy.router.replicas import Replica
@@ -129,11 +130,8 @@ async def listing(router: Router, request: Request) -> Response:
         OpenAIError: 400 for a ``pageSize`` or ``pageToken`` this router did not give; 503
             when no replica is up.
     """
-    size, token = request.query_params.get("pageSize", "100"), request.query_params.get("pageToken", "")
-    if not size.isdigit() or not 1 <= int(size) <= PAGE_MOST:
-        raise OpenAIError(400, f"pageSize: between 1 and {PAGE_MOST}", param="pageSize")
-    if token and not token.isdigit():
-        raise OpenAIError(400, "pageToken: not a token this server gave", param="pageToken")
+    query = request.query_params
+    start, size_n = page_bounds(query.get("pageToken", ""), query.get("pageSize", "100"), PAGE_MOST)
     replicas = router.replicas.candidates(None)
     if not replicas:
         raise OpenAIError(503, "no replica is available", type="server_error", code="no_replica")
@@ -144,7 +142,6 @@ async def listing(router: Router, request: Request) -> Response:
         for cache in listed:
             found.setdefault(str(cache.get("name")), cache)
     caches = sorted(found.values(), key=lambda c: _unix(c.get("createTime")) or 0.0)
-    start, size_n = int(token or 0), int(size)
     out: dict[str, Any] = {"cachedContents": caches[start : start + size_n]}
     if start + size_n < len(caches):
         out["nextPageToken"] = str(start + size_n)

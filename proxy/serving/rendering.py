@@ -38,18 +38,21 @@ def render_chat(
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    continue_final_message: bool = False,
 ) -> list[int]:
     """The chat template rendered over ``messages`` (dicts with ``role``, ``content`` and, for an
     assistant's tool calls, ``tool_calls``), as token ids; ``template_kwargs`` (a request's
     ``chat_template_kwargs``) pass only as ``template_data`` allows, their text protected as
-    message text is.
+    message text is. With ``continue_final_message`` (an assistant's prefill: the last message, its
+    ``content`` a string), the prompt ends with that message's text, its turn left open (no
+    end-of-turn, no generation prompt), as transformers' ``continue_final_message`` renders it.
 
     NOTE: the template writes every special token it wants (BOS, role markers), so the tokenizer
     adds none of its own (``add_special_tokens=False``): no doubled BOS.
 
     Raises:
         RenderError: no chat template; tool calls the template cannot render (never dropped);
-            the template rejects the messages.
+            the template rejects the messages; a final message it does not write as given.
     """
     if not tokenizer.chat_template:
         raise RenderError("messages", "this model has no chat template; use /v1/completions")
@@ -67,6 +70,14 @@ def render_chat(
         for m in messages
     ]
     tools = None if tools is None else _protect_data(tokenizer, tools, hidden, nonce)
+    # NOTE: the open turn ends at a mark after the final message's text, not at the text itself:
+    # text such as "im_end" also occurs in the end-of-turn marker after it
+    end = f"{_OPEN}{nonce}end{_CLOSE}"
+    if continue_final_message:
+        if not protected or not isinstance(protected[-1].get("content"), str):
+            raise RenderError("messages", "only a final message of text can be continued")
+        protected[-1]["content"] += end
+        add_generation_prompt = False
     for i, message in enumerate(protected):
         for field in ("tool_calls", "function_call"):
             if message.get(field) and not supports_tools(tokenizer):
@@ -85,8 +96,15 @@ def render_chat(
         )
     except (TemplateError, LookupError, TypeError, ValueError) as exc:  # templates index and raise
         raise RenderError("messages", f"the chat template rejected the messages: {exc}") from exc
+    if continue_final_message:
+        if text.count(end) != 1:
+            raise RenderError(
+                f"messages[{len(messages) - 1}].content",
+                "the model's chat template does not write the final message as sent: it cannot be continued",
+            )
+        text = text[: text.index(end)]
     ids: list[int] = []
-    for i, piece in enumerate(re.split(f"{_OPEN}{nonce}(\\d+){_CLOSE}", text)):
+    for i, piece in enumerate(re.split(f"{_OPEN}{nonce}([0-9]+){_CLOSE}", text)):
         if i % 2 == 0:
             ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
         else:
