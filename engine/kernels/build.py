@@ -52,15 +52,6 @@ def compiler() -> str | None:
     )
 
 
-def library_name() -> str:
-    """The file name of the decode library for this machine, its compiler and these sources.
-
-    Raises:
-        KernelUnavailable: no compiler, an unreadable source, or a compiler that does not run.
-    """
-    return _inputs()[2]
-
-
 def load(cache_dir: Path) -> ctypes.CDLL:
     """The decode library for this machine, built on first use into ``{cache_dir}/kernels``, and
     loaded only when this server built it (``engine.kernels.trust``): any other file at its name
