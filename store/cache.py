@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -162,9 +163,8 @@ class BlockCache:
         """Whether block ``i``'s blob holds, within ``tolerance``, the K/V ``key[i]``, ``value[i]``."""
         parent = hashes[i - 1] if i else None
         try:
-            data = self.parts.blobs.read(namespace, hashes[i])
-            stored = decode_block(
-                data,
+            decode = partial(
+                decode_block,
                 index=i,
                 block_hash=hashes[i],
                 parent=parent,
@@ -172,6 +172,7 @@ class BlockCache:
                 token_ids=block_tokens(token_ids, i),
                 spec=self.spec,
             )
+            stored = self.parts.blobs.read_checked(namespace, hashes[i], decode)
         except (OSError, BlockVerificationError):
             return False
         pairs = ((stored.key, key[i]), (stored.value, value[i]))

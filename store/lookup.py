@@ -203,22 +203,25 @@ class PrefixLookup:
             OSError: the blob cannot be read.
             BlockVerificationError: it is not the block.
         """
-        data = self.parts.blobs.read(namespace, hashes[i])
         parent = hashes[i - 1] if i else None
-        # NOTE: one decode at a time (the codec's own threads share the cores) while reads go on
-        with self._decoding:
-            started = perf_counter()
-            block = decode_block(
-                data,
-                index=i,
-                block_hash=hashes[i],
-                parent=parent,
-                namespace=namespace,
-                token_ids=ids,
-                spec=self.spec,
-            )
-            seconds = perf_counter() - started
-        self.parts.recorder.add_coded("decode", block, len(data), seconds)
+
+        def decode(data: bytes) -> tuple[KVBlock, int, float]:
+            # NOTE: one decode at a time (the codec's own threads share the cores) while reads go on
+            with self._decoding:
+                started = perf_counter()
+                block = decode_block(
+                    data,
+                    index=i,
+                    block_hash=hashes[i],
+                    parent=parent,
+                    namespace=namespace,
+                    token_ids=ids,
+                    spec=self.spec,
+                )
+                return block, len(data), perf_counter() - started
+
+        block, size, seconds = self.parts.blobs.read_checked(namespace, hashes[i], decode)
+        self.parts.recorder.add_coded("decode", block, size, seconds)
         return block
 
     def _done(self, blocks: list[KVBlock], from_ram: int, reason: MissReason | None) -> PrefixMatch:

@@ -21,7 +21,8 @@ A tail (``hashing.tails``) is stored the same way with its L < 128 tokens: array
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import xxhash
@@ -81,13 +82,14 @@ def decode_block(
     trusted, so a hash collision (accidental or crafted) can only cause a miss.
 
     Raises:
-        BlockVerificationError: unreadable data or any mismatch.
+        BlockVerificationError: unreadable data or any mismatch: every exception decoding it.
     """
-    expected = _metadata(index, block_hash, namespace, parent, spec)
-    tensors = _verified(data, expected, BLOCK_SIZE, spec)
-    if tensors["token_ids"].tolist() != list(token_ids):
-        raise BlockVerificationError("token ids differ from the request (hash collision?)")
-    return KVBlock(index, block_hash, tuple(token_ids), tensors["key"], tensors["value"])
+    with undecodable():
+        expected = _metadata(index, block_hash, namespace, parent, spec)
+        tensors = _verified(data, expected, BLOCK_SIZE, spec)
+        if tensors["token_ids"].tolist() != list(token_ids):
+            raise BlockVerificationError("token ids differ from the request (hash collision?)")
+        return KVBlock(index, block_hash, tuple(token_ids), tensors["key"], tensors["value"])
 
 
 def decode_tail(
@@ -109,14 +111,32 @@ def decode_tail(
     tail its name says.
 
     Raises:
-        BlockVerificationError: unreadable data or any mismatch.
+        BlockVerificationError: unreadable data or any mismatch: every exception decoding it.
     """
-    expected = _metadata(index, tail, namespace, tip, spec, length)
-    tensors = _verified(data, expected, length, spec)
-    stored = tuple(tensors["token_ids"].tolist())
-    if stored[: len(token_ids)] != tuple(token_ids) or tail_hash(tip or namespace, stored) != tail:
-        raise BlockVerificationError("token ids differ from the request (hash collision?)")
-    return KVBlock(index, tail, stored, tensors["key"], tensors["value"])
+    with undecodable():
+        expected = _metadata(index, tail, namespace, tip, spec, length)
+        tensors = _verified(data, expected, length, spec)
+        stored = tuple(tensors["token_ids"].tolist())
+        if stored[: len(token_ids)] != tuple(token_ids) or tail_hash(tip or namespace, stored) != tail:
+            raise BlockVerificationError("token ids differ from the request (hash collision?)")
+        return KVBlock(index, tail, stored, tensors["key"], tensors["value"])
+
+
+@contextmanager
+def undecodable() -> Iterator[None]:
+    """Turns any exception raised decoding one blob into a ``BlockVerificationError``.
+
+    NOTE: a kind, not a list: a blob is bytes from outside (another process, a shared disk, a
+    bucket), and however its header or arrays are malformed (a key missing, a shape whose product
+    disagrees with its bytes, a token id beyond 32 bits), the caller must see a verification
+    failure (a miss, the blob dropped), never another exception that fails the request.
+    """
+    try:
+        yield
+    except BlockVerificationError:
+        raise
+    except Exception as exc:
+        raise BlockVerificationError(f"undecodable blob ({type(exc).__name__}: {exc})") from exc
 
 
 def _verified(data: bytes, expected: dict[str, str], tokens: int, spec: KVSpec) -> dict[str, torch.Tensor]:

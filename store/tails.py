@@ -47,7 +47,7 @@ class TailFinder:
         parts: StoreParts,
         writer: BlockWriter,
         spec: KVSpec,
-        read: Callable[[Callable[[], bytes]], Any],
+        read: Callable[[Callable[[], Any]], Any],
         discard: Callable[[Namespace, Sequence[BlockHash]], None],
         ttl_s: int,
     ) -> None:
@@ -123,11 +123,10 @@ class TailFinder:
             and block.token_ids[: len(ids)] == ids
         ):
             return block
-        future = self.read(partial(self.parts.blobs.read, namespace, listing.tail_hash))
-        try:
-            data = future.result(timeout=max(0.0, deadline - monotonic()))
+
+        def decode(data: bytes) -> tuple[KVBlock, int, float]:
             started = perf_counter()
-            block = decode_tail(
+            tail = decode_tail(
                 data,
                 index=index,
                 tail=listing.tail_hash,
@@ -137,6 +136,11 @@ class TailFinder:
                 token_ids=ids,
                 spec=self.spec,
             )
+            return tail, len(data), perf_counter() - started
+
+        future = self.read(partial(self.parts.blobs.read_checked, namespace, listing.tail_hash, decode))
+        try:
+            decoded: tuple[KVBlock, int, float] = future.result(timeout=max(0.0, deadline - monotonic()))
         except FutureTimeout:
             future.cancel()
             self.parts.recorder.add(read_timeouts=1)
@@ -146,7 +150,8 @@ class TailFinder:
             self.parts.recorder.add(verification_failures=1)
             self.discard(namespace, [listing.tail_hash])
             return None
-        self.parts.recorder.add_coded("decode", block, len(data), perf_counter() - started)
+        block, size, seconds = decoded
+        self.parts.recorder.add_coded("decode", block, size, seconds)
         self.parts.ram.put(namespace, block)
         return block
 

@@ -11,19 +11,22 @@ to their root, and both keep the same promises:
   block keeps the first one's bytes;
 - **atomic**: a reader (in this or another process) sees either no blob or a complete one, so the
   index entry, written only after ``write`` returns, never points at a partial blob;
+- **verified by the caller**: ``read_checked`` hands a blob's bytes to the caller's check; a
+  backend with copies removes only a copy that fails it;
 - **faults are ``OSError``**: an unreachable, full or read-only store raises ``OSError`` (never
   a backend-specific error), which the cache turns into a miss or a skipped save.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from hashing import BlockHash, Namespace
 
 BLOB_SUFFIX = ".safetensors"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,19 @@ class BlobBackend(Protocol):
 
         Raises:
             OSError: the blob is missing or unreadable, or the store failed.
+        """
+        ...
+
+    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
+        """``check`` (the caller's verification) of the bytes of a block's blob.
+
+        A backend holding several copies (the disk tier in front of a bucket) drops a copy that
+        ``check`` rejects, and checks the next on its own: only a damaged copy is ever removed.
+
+        Raises:
+            OSError: the blob is missing or unreadable, or the store failed.
+            Exception: what ``check`` raised on the last copy (the source of truth's), which
+                the caller then drops with ``delete``.
         """
         ...
 

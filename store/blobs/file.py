@@ -15,11 +15,11 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hashing import BlockHash, Namespace
-from store.blobs.base import BlobInfo, blob_name, parse_blob_name
+from store.blobs.base import BlobInfo, T, blob_name, parse_blob_name
 
 TEMP_SUFFIX = ".tmp"
 
@@ -94,6 +94,11 @@ class FileBlobStore:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", str(path))
             return f.read()
+
+    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
+        """``check`` of the block's blob (``BlobBackend.read_checked``; one copy: raises what
+        ``read`` or ``check`` raises)."""
+        return check(self.read(namespace, block_hash))
 
     def exists(self, namespace: Namespace, block_hash: BlockHash) -> bool:
         """Whether something stands where the block's blob belongs."""

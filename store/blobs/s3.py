@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hashing import BlockHash, Namespace
-from store.blobs.base import BlobInfo, blob_name, parse_blob_name
+from store.blobs.base import BlobInfo, T, blob_name, parse_blob_name
 
 CONNECT_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 32  # lookups read a prefix's blocks in parallel
@@ -117,6 +117,11 @@ class S3BlobStore:
         except BotoCoreError as exc:  # the connection broke or timed out mid-object
             raise _failure("get_object", key, exc) from exc
         return data
+
+    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
+        """``check`` of the block's blob (``BlobBackend.read_checked``; one copy: raises what
+        ``read`` or ``check`` raises)."""
+        return check(self.read(namespace, block_hash))
 
     def exists(self, namespace: Namespace, block_hash: BlockHash) -> bool:
         """Whether the block's object exists (one HEAD request).

@@ -9,8 +9,10 @@ start by one scan of the directory (oldest first; a hit refreshes a file's mtime
 survives a restart); no read ever scans the directory.
 
 A local fault (a full or read-only disk, a file gone or unreadable) is logged and degrades to the
-remote: it never fails a call. A local copy is unverified like any blob; one the caller finds
-damaged is dropped with ``delete``, which removes both copies, so it is never served again.
+remote: it never fails a call. A local copy is unverified like any blob: ``read_checked`` runs the
+caller's verification on it, and a copy that fails is dropped alone and the remote's object
+checked on its own (copied once it passes), so a damaged disk never costs the bucket a good
+object; ``delete`` (a block the caller drops: its remote object failed too) removes both.
 
 NOTE: a directory belongs to one server: the budget counts only what this process copied or found
 at start.
@@ -23,10 +25,10 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hashing import BlockHash, Namespace
-from store.blobs.base import BlobBackend, BlobInfo, blob_name, parse_blob_name
+from store.blobs.base import BlobBackend, BlobInfo, T, blob_name, parse_blob_name
 from store.blobs.file import FileBlobStore
 
 log = logging.getLogger(__name__)
@@ -36,8 +38,9 @@ class TieredBlobStore:
     """A ``store.blobs.base.BlobBackend``: ``remote``'s blobs, read through the directory ``local``,
     which holds at most ``budget_bytes`` bytes of copies; safe to share between threads.
 
-    Only ``read`` and ``write`` use the local copies; ``exists``, ``size``, ``scan``, ``used_bytes``,
-    ``check`` and ``url`` are the remote's (the truth); ``delete`` and ``remove`` act on both.
+    Only ``read``, ``read_checked`` and ``write`` use the local copies; ``exists``, ``size``,
+    ``scan``, ``used_bytes``, ``check`` and ``url`` are the remote's (the truth); ``delete`` and
+    ``remove`` act on both.
     Constructing it scans ``local`` once (temporary files a killed writer left are removed).
     """
 
@@ -83,27 +86,63 @@ class TieredBlobStore:
         Raises:
             OSError: the remote's error, when there is no usable local copy.
         """
+        data = self._copy(namespace, block_hash)
+        if data is not None:
+            return data
+        data = self.remote.read(namespace, block_hash)
+        self._keep(namespace, block_hash, data)
+        return data
+
+    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
+        """``check`` of the local copy's bytes; when there is none or ``check`` rejects it (the
+        copy is then dropped, with a warning), of the remote's, copied locally once they pass.
+
+        NOTE: a damaged copy is the disk's fault, not the bucket's: the remote's object is checked
+        on its own, and only when it fails too does the caller drop the block (``delete``, both).
+
+        Raises:
+            OSError: the remote's error, when there is no good local copy.
+            Exception: what ``check`` raised on the remote's bytes.
+        """
+        data = self._copy(namespace, block_hash)
+        if data is not None:
+            try:
+                return check(data)
+            except Exception as exc:  # the caller's verification, whatever it raises
+                log.warning(
+                    "disk tier: the copy of %s is damaged (%s): dropped, reading %s",
+                    blob_name(namespace, block_hash),
+                    exc,
+                    self.url,
+                )
+                self._drop(namespace, block_hash)
+        data = self.remote.read(namespace, block_hash)
+        checked = check(data)
+        self._keep(namespace, block_hash, data)
+        return checked
+
+    def _copy(self, namespace: Namespace, block_hash: BlockHash) -> bytes | None:
+        """The local copy's bytes, or None when there is none or it is unusable (then dropped)."""
         name = blob_name(namespace, block_hash)
         with self._lock:
             held = self._sizes.get(name)
             if held is not None:
                 self._sizes.move_to_end(name)
-        if held is not None:
-            try:
-                data = self.local.read(namespace, block_hash)
-                if len(data) == held:
-                    with contextlib.suppress(OSError):  # the order after a restart; not worth a fault
-                        os.utime(self.local.path(namespace, block_hash))
-                    return data
-                # NOTE: a copy of the wrong size is damaged: read the remote rather than fail the
-                # caller's verification, which would delete the remote's good blob too.
-                log.warning("disk tier: %s has %d bytes, not %d: reading %s", name, len(data), held, self.url)
-            except OSError as exc:
-                self._fault("read", exc)
-            self._drop(namespace, block_hash)
-        data = self.remote.read(namespace, block_hash)
-        self._keep(namespace, block_hash, data)
-        return data
+        if held is None:
+            return None
+        try:
+            data = self.local.read(namespace, block_hash)
+            if len(data) == held:
+                with contextlib.suppress(OSError):  # the order after a restart; not worth a fault
+                    os.utime(self.local.path(namespace, block_hash))
+                return data
+            # NOTE: a copy of the wrong size is damaged: read the remote rather than fail the
+            # caller's verification, which would then drop the block.
+            log.warning("disk tier: %s has %d bytes, not %d: reading %s", name, len(data), held, self.url)
+        except OSError as exc:
+            self._fault("read", exc)
+        self._drop(namespace, block_hash)
+        return None
 
     def write(self, namespace: Namespace, block_hash: BlockHash, data: bytes) -> bool:
         """Place ``data`` as the block's blob in the remote (create-only) and, when this call placed

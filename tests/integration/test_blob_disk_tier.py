@@ -1,7 +1,8 @@
 """The disk tier in front of S3 (``--blob-disk-cache``; moto's S3 over HTTP, real files): a read is
 paid to the bucket once, then served from disk, also by the next process; the disk stays within its
-budget, least recently read first; a disk fault degrades to the bucket; a damaged copy goes with
-``delete``; and a server restarted on the same disk serves its hits from it."""
+budget, least recently read first; a disk fault degrades to the bucket; a damaged copy is dropped
+alone, the bucket's object checked on its own (both go with ``delete``); and a server restarted
+on the same disk serves its hits from it."""
 
 from __future__ import annotations
 
@@ -155,6 +156,32 @@ def test_a_damaged_copy_is_read_around_or_deleted_with_the_blob(remote, disk):
     assert tier.write(NS, block(1), BLOB) is True and tier.read(NS, block(1)) == BLOB
 
 
+def test_a_copy_that_fails_the_check_is_dropped_alone(remote, bucket, disk):
+    """``read_checked``: a copy of the right size but wrong bytes that the caller's check rejects
+    is dropped, and the bucket's object, checked on its own, is served and copied afresh (the
+    bucket keeps it); when the object fails too, the check's error reaches the caller, and still
+    nothing is removed from the bucket (the caller's ``delete`` decides)."""
+
+    def check(data: bytes) -> bytes:
+        if data != BLOB:
+            raise ValueError("not the block")
+        return data
+
+    remote.write(NS, block(1), BLOB)
+    tier = TieredBlobStore(remote, disk, budget_bytes=10_000)
+    assert tier.read_checked(NS, block(1), check) == BLOB and remote.requests["GetObject"] == 1
+    disk.path(NS, block(1)).write_bytes(b"g" * len(BLOB))
+    assert tier.read_checked(NS, block(1), check) == BLOB and remote.requests["GetObject"] == 2
+    assert read_object(bucket, remote.name(NS, block(1))) == BLOB and disk.read(NS, block(1)) == BLOB
+    assert tier.read_checked(NS, block(1), check) == BLOB and remote.requests["GetObject"] == 2
+
+    write_object(bucket, remote.name(NS, block(1)), b"g" * len(BLOB))  # the bucket's damaged too
+    disk.path(NS, block(1)).write_bytes(b"g" * len(BLOB))
+    with pytest.raises(ValueError, match="not the block"):
+        tier.read_checked(NS, block(1), check)
+    assert stored_names(remote) == [remote.name(NS, block(1))] and on_disk(disk) == {}
+
+
 def test_remove_takes_what_scan_found_from_both(remote, disk):
     """The collector's ``remove`` of a scanned object deletes the copy as well."""
     tier = TieredBlobStore(remote, disk, budget_bytes=10_000)
@@ -207,6 +234,39 @@ def test_a_restarted_server_serves_its_hits_from_disk(settings, tiny_model, serv
         again = api.complete(P)
         assert again.cached_tokens == len(P) - 1 and api.cache.admin.stats().verification_failures == 0
     assert again.key == cold.complete(P).key
+
+
+def test_a_damaged_copy_on_disk_leaves_the_bucket_its_good_object(
+    settings, tiny_model, serve, cold, s3_bucket, tmp_path
+):
+    """Served, then block 1's copy on disk damaged (its size kept): the next request still reuses
+    299 tokens, read from the bucket, with the uncached answer and no verification failure; the
+    bucket keeps every object and the disk holds its good bytes again."""
+    tiered = settings.model_copy(
+        update={
+            "blob_dir": None,
+            "blob_url": f"s3://{s3_bucket}/kvp",
+            "blob_disk_cache": tmp_path / "disk",
+            "max_cache_bytes": 10**9,
+            "ram_cache_bytes": 0,
+        }
+    )
+    bucket = S3BlobStore(s3_bucket, "kvp", s3_client(read_timeout_s=10))
+    disk = FileBlobStore(tmp_path / "disk")
+    with serve(tiered, tiny_model) as server:
+        api = Api(server)
+        assert api.complete(P).cached_tokens == 0
+        api.flush()
+        namespace = api.engine.loaded.namespace("default")
+        stored = stored_names(bucket)
+        copy = disk.path(namespace, block_hashes(P, namespace)[1])
+        good = copy.read_bytes()
+        copy.write_bytes(good[: len(good) // 2] + bytes(len(good) - len(good) // 2))
+        again = api.complete(P)
+        assert again.cached_tokens == len(P) - 1 and api.cache.admin.stats().verification_failures == 0
+        api.flush()
+    assert again.key == cold.complete(P).key
+    assert stored_names(bucket) == stored and copy.read_bytes() == good
 
 
 def test_tmp_files_left_by_a_killed_writer_are_removed_at_start(remote, disk: FileBlobStore):
