@@ -31,8 +31,8 @@ from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import CacheOptions, StoreParts
 from store.readers import ReaderPool, cancel
-from store.serde import BlockVerificationError, decode_block
-from store.tails import TailFinder, candidate_tails
+from store.serde import decode_block
+from store.tails import DAMAGED, TailFinder, candidate_tails
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class PrefixLookup:
                     "read", "a blob read took over %.1f s: served as a miss", self.read_timeout_s
                 )
                 return self._done(blocks, from_ram, MissReason.TIMED_OUT), []
-            except (OSError, BlockVerificationError) as exc:
+            except DAMAGED as exc:
                 # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
                 # never loaded, since their K/V depends on this one.
                 cancel(reads.values())
@@ -177,6 +177,11 @@ class PrefixLookup:
                 self.parts.recorder.add(verification_failures=1)
                 self.discard(namespace, [hashes[i]])
                 return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION), []
+            except OSError as exc:  # NOTE: not the blob's fault (a disk, a bucket): it is kept
+                cancel(reads.values())
+                self.parts.recorder.add(read_errors=1)
+                self.parts.guard.warn("read", "a blob read failed (%s): served as a miss", exc)
+                return self._done(blocks, from_ram, MissReason.READ_FAILED), []
             if self.pin_memory:
                 # NOTE: page-locked, so the upload to an accelerator is asynchronous and fast
                 block = dataclasses.replace(block, key=block.key.pin_memory(), value=block.value.pin_memory())

@@ -29,6 +29,8 @@ class CacheStats:
             ``blocks_from_ram`` of those without reading a blob (RAM tier or still being saved).
         verification_failures: blobs that were missing, unreadable or wrong (then dropped).
         read_timeouts: lookups cut short because a blob read took too long.
+        read_errors: lookups cut short because a blob could not be read (an I/O error; the blob
+            is kept).
         tails_hit, tail_tokens_hit: lookups a tail extended (``hashing.tails``), and the tokens
             the tails served (part of ``tokens_hit``).
         blocks_saved, save_errors, saves_dropped: blocks written; writes that failed; blocks not
@@ -54,6 +56,7 @@ class CacheStats:
     blocks_from_ram: int = 0
     verification_failures: int = 0
     read_timeouts: int = 0
+    read_errors: int = 0
     tails_hit: int = 0
     tail_tokens_hit: int = 0
     blocks_saved: int = 0

@@ -21,6 +21,7 @@ from time import monotonic, perf_counter
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, tail_hash
+from store.blobs.base import NotABlob
 from store.index.base import TailListing
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
@@ -29,6 +30,12 @@ from store.serde import BlockVerificationError, decode_tail
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
+
+DAMAGED = (FileNotFoundError, NotABlob, BlockVerificationError)
+"""A read's faults that are the blob's own (gone, no blob, not the block): it is dropped, with its
+index entry. Any other ``OSError`` (a disk, a bucket) is a miss that keeps both."""
+UNREAD = (MissReason.TIMED_OUT, MissReason.READ_FAILED, MissReason.UNAVAILABLE)
+"""Why a lookup stopped without reading what comes next: no tail is looked for then."""
 
 
 class TailFinder:
@@ -70,7 +77,7 @@ class TailFinder:
         k = match.num_blocks
         start = k * BLOCK_SIZE
         room = min(BLOCK_SIZE - 1, len(token_ids) - 1 - start)
-        if room <= 0 or match.miss_reason in (MissReason.TIMED_OUT, MissReason.UNAVAILABLE):
+        if room <= 0 or match.miss_reason in UNREAD:
             return match
         tip = hashes[k - 1] if k else None
         rest = tuple(token_ids[start : start + room])
@@ -146,6 +153,10 @@ class TailFinder:
             self.parts.recorder.add(read_timeouts=1)
             return None
         except (OSError, BlockVerificationError) as exc:
+            if not isinstance(exc, DAMAGED):
+                self.parts.recorder.add(read_errors=1)  # NOTE: not the tail's fault: it is kept
+                self.parts.guard.warn("read", "a tail read failed (%s): served without it", exc)
+                return None
             log.warning("cache tail %s dropped: %s", listing.tail_hash.hex(), exc)
             self.parts.recorder.add(verification_failures=1)
             self.discard(namespace, [listing.tail_hash])

@@ -179,6 +179,7 @@ class _EngineAndStoreCollector(Collector):
             "write": s.save_errors,
             "queue_full": s.saves_dropped,
             "read_timeout": s.read_timeouts,
+            "read": s.read_errors,
         }
         yield _by_label("kvproxy_cache_store_errors", "Cache store errors by operation", "operation", errors)
         held = self.cache.usage()

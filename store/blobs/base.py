@@ -14,7 +14,9 @@ to their root, and both keep the same promises:
 - **verified by the caller**: ``read_checked`` hands a blob's bytes to the caller's check; a
   backend with copies removes only a copy that fails it;
 - **faults are ``OSError``**: an unreachable, full or read-only store raises ``OSError`` (never
-  a backend-specific error), which the cache turns into a miss or a skipped save.
+  a backend-specific error), which the cache turns into a miss or a skipped save. Only a blob that
+  is gone (``FileNotFoundError``) or is no blob (``NotABlob``) is the blob's fault, and dropped
+  with its index entry; any other fault leaves both for the next read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from hashing import BlockHash, Namespace
 
 BLOB_SUFFIX = ".safetensors"
 T = TypeVar("T")
+
+
+class NotABlob(OSError):
+    """What stands in a blob's place is no blob (a directory, a FIFO, a device): damaged, as a
+    blob that fails verification is."""
 
 
 @dataclass(frozen=True)

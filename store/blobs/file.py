@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hashing import BlockHash, Namespace
-from store.blobs.base import BlobInfo, T, blob_name, parse_blob_name
+from store.blobs.base import BlobInfo, NotABlob, T, blob_name, parse_blob_name
 
 TEMP_SUFFIX = ".tmp"
 
@@ -87,13 +87,18 @@ class FileBlobStore:
         engine forever, a directory would never heal.
 
         Raises:
-            OSError: the blob is missing, unreadable or not a regular file.
+            FileNotFoundError: the blob is missing.
+            NotABlob: something else than a regular file stands in its place.
+            OSError: it cannot be read.
         """
         path = self.path(namespace, block_hash)
-        with open(path, "rb", opener=_open_nonblocking) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file", str(path))
-            return f.read()
+        try:
+            with open(path, "rb", opener=_open_nonblocking) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise NotABlob(errno.EINVAL, "not a regular file", str(path))
+                return f.read()
+        except IsADirectoryError as exc:
+            raise NotABlob(errno.EISDIR, "a directory", str(path)) from exc
 
     def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
         """``check`` of the block's blob (``BlobBackend.read_checked``; one copy: raises what

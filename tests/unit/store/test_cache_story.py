@@ -4,6 +4,7 @@ evicts, what the collector reclaims. No Redis, no model."""
 
 from __future__ import annotations
 
+import errno
 import threading
 
 import pytest
@@ -33,6 +34,20 @@ class HangingBlobs(FileBlobStore):
         if block_hash in self.hang:
             self.reading.set()
             self.release.wait(HANG_S)
+        return super().read(namespace, block_hash)
+
+
+class FailingBlobs(FileBlobStore):
+    """A blob store whose reads of chosen blocks fail with an I/O error (a disk or a bucket that
+    does not answer) until ``failing`` is emptied."""
+
+    def __init__(self, root, failing: set[bytes]) -> None:
+        super().__init__(root)
+        self.failing = failing
+
+    def read(self, namespace, block_hash):
+        if block_hash in self.failing:
+            raise OSError(errno.EIO, "input/output error")
         return super().read(namespace, block_hash)
 
 
@@ -169,6 +184,22 @@ def test_a_hanging_read_becomes_a_miss_after_the_bound(clock, tmp_path) -> None:
     assert cache.admin.stats().read_timeouts == 1
     blobs.release.set()
     assert cache.lookup(NS, IDS).num_blocks == 3  # the mount recovered: a hit again
+
+
+def test_a_failed_read_is_a_miss_that_keeps_the_blob(clock, tmp_path) -> None:
+    """Block 1's read fails (EIO): the lookup serves block 0, reason "read failed", and neither the
+    blob nor its index entry is dropped (a disk or a bucket's fault is not the blob's); once reads
+    work again, all three blocks hit without being stored again."""
+    blobs = FailingBlobs(tmp_path, {HASHES[1]})
+    index = MemoryIndex(clock)
+    cache = cache_on(index, blobs)
+    stored(cache)
+    match = cache.lookup(NS, IDS)
+    assert (match.num_blocks, match.miss_reason) == (1, MissReason.READ_FAILED)
+    assert cache.admin.stats().read_errors == 1 and cache.admin.stats().verification_failures == 0
+    assert blobs.exists(NS, HASHES[1]) and member_name(NS, HASHES[1]) in index.lru
+    blobs.failing.clear()
+    assert cache.lookup(NS, IDS).num_blocks == 3
 
 
 def test_blocks_still_being_saved_are_served(cache) -> None:
