@@ -63,9 +63,11 @@ def serve(**flags: Any) -> None:
     from proxy.app import create_app
     from proxy.http.auth import parse_api_keys
     from proxy.http.limits import server_config
+    from proxy.http.redact import redact_root_handlers
     from proxy.stores import blob_budget
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # NOTE: before the settings warn
+    redact_root_handlers()
     settings = parse_settings(Settings, flags)
     try:
         parse_api_keys(settings.api_keys)
@@ -109,9 +111,11 @@ def route(**flags: Any) -> None:
     hold its prefix (docs/router.md)."""
     from proxy.http.auth import parse_api_keys
     from proxy.http.limits import server_config
+    from proxy.http.redact import redact_root_handlers
     from proxy.router.app import create_route_app, load_identity
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # NOTE: before the settings warn
+    redact_root_handlers()
     settings = parse_settings(RouteSettings, flags)
     try:
         parse_api_keys(settings.api_keys)

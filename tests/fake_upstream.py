@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,13 +27,14 @@ async def left_within(request: Request, seconds: float) -> bool:
 
 
 def fake_upstream(name: str) -> FastAPI:
-    """An upstream named ``name``; set ``app.state.mode`` to ``ok``, ``429``, ``503``,
-    ``slow`` (answers after ``app.state.delay_s``, or never once its client has left), ``drip``
-    (streams a chunk every ``delay_s``), ``cut`` (a stream dropped after two chunks) or ``down``
-    (``/health`` answers 503)."""
+    """An upstream named ``name``; set ``app.state.mode`` to ``ok``, ``429``, ``503``, ``slow``
+    (answers after ``app.state.delay_s``, or never once its client has left: when it noticed is
+    appended to ``app.state.left``, ``time.monotonic()``), ``drip`` (streams a chunk every
+    ``delay_s``), ``cut`` (a stream dropped after two chunks) or ``down`` (``/health`` answers
+    503)."""
     app = FastAPI()
     app.state.settings = Settings()
-    app.state.mode, app.state.delay_s, app.state.bodies = "ok", 3.0, []
+    app.state.mode, app.state.delay_s, app.state.bodies, app.state.left = "ok", 3.0, [], []
 
     @app.get("/health")
     async def health() -> Response:
@@ -57,6 +59,7 @@ def fake_upstream(name: str) -> FastAPI:
                 {"error": {"message": "no such model", "code": "model_not_found"}}, status_code=404
             )
         if mode == "slow" and await left_within(request, app.state.delay_s):
+            app.state.left.append(time.monotonic())
             return Response(status_code=499)
         usage = {
             "prompt_tokens": 10,

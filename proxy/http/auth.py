@@ -7,7 +7,7 @@ The tenant comes only from the authenticated key, never from the request body, s
 from __future__ import annotations
 
 import secrets
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import xxhash
 from fastapi import Depends, Request
@@ -45,25 +45,80 @@ def parse_api_keys(value: str | None) -> dict[str, str] | None:
     return table
 
 
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+"""The headers a client's key comes in: OpenAI's clients (``Authorization: Bearer``),
+Anthropic's (``x-api-key``), Google's (``x-goog-api-key``, or ``?key=`` on ``/v1beta/``)."""
+
+
+class Credential(NamedTuple):
+    """The one credential a request presents: ``value`` (a Bearer token, a header's key, Gemini's
+    ``?key=``, or a whole ``Authorization`` header of another scheme), and whether it is an API key
+    (anything but that other scheme)."""
+
+    value: str
+    api_key: bool
+
+
+def credential(request: Request) -> Credential | None:
+    """The request's credential, from every place one can come (``CREDENTIAL_HEADERS``, each as
+    often as it is repeated, and ``?key=`` on the Gemini routes); None when it carries none.
+
+    NOTE: a server or router keys the tenant on one of them and a replica may read another (or
+    the last of a repeated header, as a proxy passes it on), so two that differ are refused:
+    whatever the tenant is derived from is exactly what every replica gets.
+
+    Raises:
+        OpenAIError: 400 (``conflicting_api_keys``, ``param`` naming where the second came from)
+            when two credentials differ.
+    """
+    found: list[tuple[str, Credential]] = []
+    for name in CREDENTIAL_HEADERS:
+        for raw in request.headers.getlist(name):
+            scheme, _, token = raw.strip().partition(" ")
+            if name == "authorization" and scheme.lower() != "bearer":
+                found.append((name, Credential(raw.strip(), False)))
+            else:
+                found.append(
+                    (name, Credential(token.strip() if name == "authorization" else raw.strip(), True))
+                )
+    if request.url.path.startswith("/v1beta/"):
+        found += [("key", Credential(v.strip(), True)) for v in request.query_params.getlist("key")]
+    found = [(where, c) for where, c in found if c.value]
+    for where, other in found[1:]:
+        if other.value != found[0][1].value:
+            first = found[0][0]
+            raise OpenAIError(
+                400,
+                f"the request carries two different credentials ({first} and {where}): send one key, once",
+                param=where,
+                code="conflicting_api_keys",
+            )
+    return found[0][1] if found else None
+
+
 def bearer(request: Request) -> str | None:
     """The API key: ``Authorization: Bearer <key>`` (OpenAI's clients), ``x-api-key: <key>``
-    (Anthropic's), or ``x-goog-api-key: <key>`` or ``?key=<key>`` on the Gemini routes (Google's)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    found = request.headers.get("x-api-key", "") or request.headers.get("x-goog-api-key", "")
-    if not found.strip() and request.url.path.startswith("/v1beta/"):
-        found = request.query_params.get("key", "")
-    return found.strip() or None
+    (Anthropic's), or ``x-goog-api-key: <key>`` or ``?key=<key>`` on the Gemini routes (Google's);
+    None without one (an ``Authorization`` of another scheme is not a key).
+
+    Raises:
+        OpenAIError: 400 when the request carries two different credentials (``credential``).
+    """
+    found = credential(request)
+    return found.value if found is not None and found.api_key else None
 
 
 def get_tenant(request: Request) -> str:
-    """The tenant of the request's API key (401 when keys are required and this one is wrong)."""
+    """The tenant of the request's API key.
+
+    Raises:
+        OpenAIError: 401 when keys are required and this one is missing or wrong; 400 when the
+            request carries two different keys (``credential``).
+    """
     table: dict[str, str] | None = request.app.state.api_keys
+    token = bearer(request)  # NOTE: first: two different keys are refused even on an open server
     if table is None:
         return DEFAULT_TENANT
-    token = bearer(request)
     # NOTE: compare against every key in constant time, so timing reveals nothing about keys.
     tenant = None
     for key, name in table.items():

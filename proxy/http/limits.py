@@ -13,6 +13,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import ServerSettings
 from proxy.http.errors import OpenAIError, dialect
+from proxy.http.redact import log_config
 
 
 class BodySizeLimit:
@@ -127,11 +128,13 @@ def header_timeout_protocol(seconds: float) -> type[HttpToolsProtocol]:
 
 def server_config(app: ASGIApp, settings: ServerSettings, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for ``app``: ``settings``' address, incomplete requests closed
-    after ``--header-timeout``; ``options`` override."""
+    after ``--header-timeout``, secrets redacted from its access and error logs
+    (``proxy.http.redact``); ``options`` override."""
+    given: dict[str, Any] = {"log_config": log_config()} | options
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         http=header_timeout_protocol(settings.header_timeout),
-        **options,
+        **given,
     )

@@ -8,26 +8,26 @@ from typing import Annotated
 import xxhash
 from fastapi import Depends, Request
 
-from proxy.http.auth import DEFAULT_TENANT, bearer, get_tenant
+from proxy.http.auth import CREDENTIAL_HEADERS, DEFAULT_TENANT, credential, get_tenant
 from proxy.router.routing import Router
-
-CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
-"""The headers a client's API key comes in (OpenAI's, Anthropic's, Google's clients)."""
 
 
 def route_tenant(request: Request) -> str:
     """Whose traffic a request counts as in the route index: the tenant of the router's own API key
     (``--api-keys``), or without them a digest of the key the client sends on to the replicas
-    (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key`` or Gemini's ``?key=``), so one
-    replica tenant's prompts and named caches never steer, or reveal themselves to, another's.
+    (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key`` or Gemini's ``?key=``; an
+    ``Authorization`` of another scheme whole), so one replica tenant's prompts and named caches
+    never steer, or reveal themselves to, another's. Two different credentials are refused
+    (``proxy.http.auth.credential``): the one the tenant comes from is the one the replica gets.
 
     Raises:
-        OpenAIError: 401 when the router has keys and the request's is missing or wrong.
+        OpenAIError: 401 when the router has keys and the request's is missing or wrong; 400 when
+            the request carries two different credentials.
     """
     if request.app.state.api_keys is not None:
         return get_tenant(request)
-    token = bearer(request)
-    return DEFAULT_TENANT if token is None else f"key-{xxhash.xxh3_64_hexdigest(token.encode())}"
+    found = credential(request)
+    return DEFAULT_TENANT if found is None else f"key-{xxhash.xxh3_64_hexdigest(found.value.encode())}"
 
 
 RouteTenant = Annotated[str, Depends(route_tenant)]

@@ -77,7 +77,8 @@ class Replicas:
     """Every replica, in the order given, plus this router's own in-flight counts.
 
     Args:
-        urls: the replicas' OpenAI base URLs (``http://host:port/v1``), credentials allowed.
+        urls: the replicas' OpenAI base URLs (``http://host:port/v1``), without credentials
+            (``RouteSettings`` refuses them): each client's own key is what reaches a replica.
         connect_timeout_s: seconds to connect to a replica.
         cooldown_s: seconds a failed replica is skipped (its breaker's cooldown).
         probe_key: the key the probe lists models with (``probe_key()``), None to send none.
@@ -89,15 +90,8 @@ class Replicas:
         timeout = httpx.Timeout(None, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self.all = []
-        for given in urls:
-            # NOTE: credentials in a URL go to the client's auth: the URL names the replica in logs,
-            # metrics, headers and the route index, which must never show a password
-            parts = httpx.URL(given)
-            auth = (
-                httpx.BasicAuth(parts.username, parts.password) if parts.username or parts.password else None
-            )
-            url = str(parts.copy_with(username=None, password=None))
-            client = httpx.AsyncClient(timeout=timeout, limits=limits, auth=auth)
+        for url in urls:
+            client = httpx.AsyncClient(timeout=timeout, limits=limits)
             self.all.append(Replica(url, client, CircuitBreaker(cooldown_s)))
         self.inflight: Counter[str] = Counter()
         self.probe_key = probe_key
@@ -141,8 +135,6 @@ class Replicas:
     async def _list_models(self, replica: Replica) -> None:
         """``replica.models`` from its ``GET /v1/models``, asked with ``probe_key``; kept as they
         were when it does not answer 200 with a list of models."""
-        # NOTE: a Basic auth in the replica's URL (the client's auth) replaces this header, as it
-        # does a client's key on the requests forwarded there
         headers = {} if self.probe_key is None else {"Authorization": f"Bearer {self.probe_key}"}
         if replica.refused_at is not None and time.monotonic() - replica.refused_at < REFUSED_RETRY_S:
             return  # NOTE: not a refused request in its log every probe

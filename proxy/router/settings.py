@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 from pydantic import Field, field_validator
 
 from proxy.config import ServerSettings, default_cache_dir
@@ -64,7 +65,8 @@ class RouteSettings(ServerSettings):
     upstream: str = Field(
         ...,
         min_length=1,
-        description="OpenAI base URLs of the replicas, comma-separated (http://host:port/v1).",
+        description="OpenAI base URLs of the replicas, comma-separated (http://host:port/v1), without "
+        "user:password (refused): each client's own key is what reaches the replicas.",
     )
     tokenizer: str | None = Field(
         None,
@@ -106,6 +108,15 @@ class RouteSettings(ServerSettings):
             if not re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1", url):
                 raise ValueError(
                     f"{redact_url(url)!r} is not an OpenAI base URL: http(s)://host:port[/path]/v1"
+                )
+            if httpx.URL(url).userinfo:
+                # NOTE: the router has no credential of its own to send: a replica's one
+                # Authorization header carries the client's key, which a URL's Basic auth would
+                # replace, making every client one tenant there
+                raise ValueError(
+                    f"{redact_url(url)!r} carries a user or password, which the router never sends: "
+                    "each client's own key reaches the replicas unchanged. Remove it; keep the "
+                    "replicas on a network only the router reaches, or start them with --api-keys"
                 )
         return upstream
 

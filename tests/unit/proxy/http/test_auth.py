@@ -8,6 +8,7 @@ from starlette.requests import Request
 
 from proxy.config import Settings
 from proxy.http.auth import bearer, parse_api_keys
+from proxy.http.errors import OpenAIError
 
 
 def test_each_key_is_its_own_tenant_unless_named() -> None:
@@ -50,12 +51,24 @@ def request(path: str, headers: dict[str, str], query: str = "") -> Request:
     return Request({"type": "http", "path": path, "query_string": query.encode(), "headers": pairs})
 
 
-def test_the_bearer_key_decides_when_a_request_carries_several() -> None:
-    """``Authorization: Bearer`` wins over ``x-api-key`` and ``x-goog-api-key``; either alone is
-    the key; ``?key=`` counts on the Gemini routes only."""
-    both = {"authorization": "Bearer b", "x-api-key": "x", "x-goog-api-key": "g"}
-    assert bearer(request("/v1/messages", both)) == "b"
+def test_one_key_in_several_places_is_one_key_and_two_different_ones_are_refused() -> None:
+    """Each of ``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key`` alone is the key;
+    ``?key=`` counts on the Gemini routes only; the same key in several places is that key, and
+    two different ones are a 400 naming where the second came from (a server or router keyed on
+    one while a replica read the other)."""
+    same = {"authorization": "Bearer k", "x-api-key": "k", "x-goog-api-key": "k"}
+    assert bearer(request("/v1/messages", same)) == "k"
     assert bearer(request("/v1/messages", {"x-api-key": "x"})) == "x"
-    assert bearer(request("/v1beta/models", {"x-goog-api-key": "g"}, "key=q")) == "g"
+    assert bearer(request("/v1beta/models", {"x-goog-api-key": "g"}, "key=g")) == "g"
     assert bearer(request("/v1beta/models", {}, "key=q")) == "q"
     assert bearer(request("/v1/models", {}, "key=q")) is None
+    assert bearer(request("/v1/models", {"x-api-key": "x"}, "key=q")) == "x"
+    for path, headers, query, where in [
+        ("/v1/messages", {"authorization": "Bearer b", "x-api-key": "x"}, "", "x-api-key"),
+        ("/v1beta/models", {"x-goog-api-key": "g"}, "key=q", "key"),
+        ("/v1beta/models", {}, "key=q&key=r", "key"),
+        ("/v1/chat/completions", {"authorization": "Basic dTpw", "x-api-key": "x"}, "", "x-api-key"),
+    ]:
+        with pytest.raises(OpenAIError) as refused:
+            bearer(request(path, headers, query))
+        assert refused.value.status == 400 and refused.value.param == where
