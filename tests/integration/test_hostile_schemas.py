@@ -19,7 +19,6 @@ import pytest
 
 from proxy.router.app import create_route_app
 from proxy.router.settings import RouteSettings
-from proxy.tools import limits
 from tests.conftest import shared_redis_url
 from tests.fake_upstream import fake_upstream
 from tests.helpers import ServerThread
@@ -29,6 +28,8 @@ CHAT = {"model": "tiny", "messages": USER, "max_tokens": 1, "temperature": 0}
 MESSAGES = {"model": "tiny", "messages": USER, "max_tokens": 1}
 RESPONSES = {"model": "tiny", "input": "hi", "max_output_tokens": 1, "store": False}
 JSON_HEADERS = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+MAX_TOOLS, MAX_DEPTH, MAX_PROPERTIES = 128, 64, 5000
+"""The documented limits (``proxy.tools.limits``), written out: the tests hold the server to them."""
 BOUND_S = 120.0
 """How long a hostile request may take before the test calls it hung (it should take well under
 a second; before the limits, some took minutes)."""
@@ -118,20 +119,20 @@ def refused(answer: httpx.Response, param: str, dialect: str = "openai") -> str:
 KINDS = [
     (
         "deep",
-        CHAT | {"response_format": strict(nested((limits.MAX_SCHEMA_DEPTH - 1) // 2))},
+        CHAT | {"response_format": strict(nested((MAX_DEPTH - 1) // 2))},
         CHAT | {"response_format": strict(nested(40))},
         "response_format.json_schema.schema",
     ),
     (
         "wide",
-        CHAT | {"response_format": strict(wide(limits.MAX_PROPERTIES))},
-        CHAT | {"response_format": strict(wide(limits.MAX_PROPERTIES + 1))},
+        CHAT | {"response_format": strict(wide(MAX_PROPERTIES))},
+        CHAT | {"response_format": strict(wide(MAX_PROPERTIES + 1))},
         "response_format.json_schema.schema",
     ),
     (
         "many tools",
-        CHAT | {"tools": [function(f"t{i}", wide(limits.MAX_PROPERTIES // 128)) for i in range(128)]},
-        CHAT | {"tools": [function(f"t{i}") for i in range(limits.MAX_TOOLS + 1)]},
+        CHAT | {"tools": [function(f"t{i}", wide(MAX_PROPERTIES // 128)) for i in range(128)]},
+        CHAT | {"tools": [function(f"t{i}") for i in range(MAX_TOOLS + 1)]},
         "tools",
     ),
     (
@@ -220,7 +221,7 @@ PLACES = [
 ]
 
 
-@pytest.mark.parametrize("schema", [nested(40), wide(limits.MAX_PROPERTIES + 1)], ids=["deep", "wide"])
+@pytest.mark.parametrize("schema", [nested(40), wide(MAX_PROPERTIES + 1)], ids=["deep", "wide"])
 @pytest.mark.parametrize(("dialect", "path", "body", "param"), PLACES)
 def test_anthropic_and_responses_have_the_same_limits(server, schema, dialect, path, body, param) -> None:
     """A schema over the depth or the width limit is a 400 naming the field in the Messages and
