@@ -105,7 +105,7 @@ def post(server: ServerThread, path: str, body: dict[str, Any] | str) -> httpx.R
 
 def refused(answer: httpx.Response, param: str, dialect: str = "openai") -> str:
     """The message of a 400 that names ``param`` in ``dialect``'s shape."""
-    assert answer.status_code == 400, answer.text
+    assert answer.status_code == 400, answer.text[:300]
     error = answer.json()["error"]
     if dialect == "anthropic":
         assert answer.json()["type"] == "error" and error["type"] == "invalid_request_error"
