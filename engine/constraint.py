@@ -12,6 +12,9 @@ vLLM's and SGLang's structured output.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
@@ -31,21 +34,66 @@ def _tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
 
 
+Key = tuple[Any, int, bytes]
+"""A verdict's key: the tokenizer, the logits' length, the grammar's SHA-256."""
+
+
+class Verdicts:
+    """llguidance's verdicts on grammars, most recently used kept, within ``max_bytes``.
+
+    NOTE: keyed by a digest of the grammar, not the grammar itself: grammars come from request
+    schemas (megabytes each, possibly), so the cache holds 32-byte keys and the verdicts' text
+    (an error message, "" for a grammar that compiles), and evicts the least recently used past
+    ``max_bytes``. Safe to use from several threads.
+    """
+
+    ENTRY_BYTES = 200
+    """What one entry costs besides its verdict's text (key, tuple, dict slot), in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._entries: OrderedDict[Key, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Key) -> str | None:
+        with self._lock:
+            verdict = self._entries.get(key)
+            if verdict is not None:
+                self._entries.move_to_end(key)
+            return verdict
+
+    def put(self, key: Key, verdict: str) -> None:
+        cost = self.ENTRY_BYTES + len(verdict)
+        with self._lock:
+            if key in self._entries or cost > self.max_bytes:
+                return
+            self._entries[key] = verdict
+            self.bytes += cost
+            while self.bytes > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.bytes -= self.ENTRY_BYTES + len(old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_VERDICTS = Verdicts(max_bytes=4 * 1024 * 1024)
+"""Once per grammar: an agent sends the same tools with every request (4 MiB hold ~20,000)."""
+
+
 def check_grammar(tokenizer: Any, vocab_size: int, grammar: str) -> None:
-    """Compile ``grammar`` once against the tokenizer.
+    """Compile ``grammar`` against the tokenizer, once per distinct grammar (``_VERDICTS``).
 
     Raises:
         GrammarError: llguidance's message, e.g. ``Unimplemented keys: ["not"]``.
     """
-    if error := _grammar_error(tokenizer, vocab_size, grammar):
+    key = (tokenizer, vocab_size, hashlib.sha256(grammar.encode()).digest())
+    error = _VERDICTS.get(key)
+    if error is None:
+        error = str(llguidance.LLMatcher.validate_grammar(grammar, _tokenizer(tokenizer, vocab_size)))
+        _VERDICTS.put(key, error)
+    if error:
         raise GrammarError(error)
-
-
-@lru_cache(maxsize=256)
-def _grammar_error(tokenizer: Any, vocab_size: int, grammar: str) -> str:
-    """llguidance's verdict on ``grammar`` ("" when it compiles), once per grammar: an agent
-    sends the same tools with every request."""
-    return str(llguidance.LLMatcher.validate_grammar(grammar, _tokenizer(tokenizer, vocab_size)))
 
 
 class Constraint:

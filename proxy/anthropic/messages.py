@@ -118,7 +118,7 @@ async def count_tokens(
 ) -> dict[str, int]:
     """The prompt length of a Messages body, in tokens, as ``/v1/messages`` would render it."""
     body = await messages_body(request, engine, body, tenant)
-    tools = accept(engine, body)
+    tools = await run_in_threadpool(accept, engine, body)  # NOTE: walks the tools' schemas
     prompt = await run_in_threadpool(render, engine, body, tools, settings.max_ttl)
     return {"input_tokens": len(prompt.ids)}
 
@@ -133,7 +133,7 @@ async def messages(
     tenant: Tenant,
 ) -> Any:
     body = await messages_body(request, engine, body, tenant)
-    tools = accept(engine, body)
+    tools = await run_in_threadpool(accept, engine, body)  # NOTE: walks the tools' schemas
 
     def prepare() -> tuple[Prompt, AnswerPlan]:
         plan = plan_answer(engine, tools, None, "", "tools[{i}].input_schema", "toolu_")

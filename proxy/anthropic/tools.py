@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from proxy.anthropic.caching import TTL_S
 from proxy.http.errors import OpenAIError
+from proxy.tools.limits import SchemaBudget, check_tool_count
 from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, json_value, make_tool, tool_set
 
 CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
@@ -22,11 +23,13 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
 
     Raises:
         OpenAIError: 400 naming the field: a server tool (``type`` other than ``custom``), a bad
-            definition, a tool choice that is not ``auto``/``any``/``tool``/``none``.
+            definition, a tool choice that is not ``auto``/``any``/``tool``/``none``, more tools or
+            larger schemas than ``proxy.tools.limits`` allows.
     """
     if tools is not None and not isinstance(tools, list):
         raise OpenAIError(400, "`tools` is a list", param="tools")
-    defined = []
+    check_tool_count(tools)
+    defined, budget = [], SchemaBudget()
     for i, tool in enumerate(tools or []):
         if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
@@ -35,7 +38,7 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
             )
         param = f"tools[{i}]"
         fields = (tool.get("name"), tool.get("description"), tool.get("input_schema"))
-        defined.append(make_tool(*fields, param, "input_schema"))
+        defined.append(make_tool(*fields, param, "input_schema", budget))
     choice = choice or {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in CHOICES:
         raise OpenAIError(400, "tool_choice.type is one of auto, any, tool, none", param="tool_choice.type")

@@ -64,7 +64,8 @@ async def start_chat(
         OpenAIError: 400/404 naming the field the request cannot be served for; 503 when busy.
     """
     check_request(engine, body)
-    tools, schema = chat_tools(body), answer_schema(body)
+    # NOTE: off the event loop: the schema walks are linear and bounded, but a body holds megabytes
+    tools, schema = await run_in_threadpool(lambda: (chat_tools(body), answer_schema(body)))
     if schema is not None and tools is not None and tools.mode != "none":
         raise OpenAIError(
             400,

@@ -11,6 +11,7 @@ from typing import Any, cast
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
 from proxy.tools import grammars
+from proxy.tools.limits import MAX_SCHEMA_DEPTH, SchemaBudget, check_tool_count
 from proxy.tools.spec import (
     NAME,
     NOT_JSON,
@@ -57,9 +58,11 @@ def function_tools(definitions: list[Any] | None) -> list[Tool]:
     """OpenAI's ``tools`` list as ``Tool``s.
 
     Raises:
-        OpenAIError: 400 naming ``tools[i]...``: a tool that is not a function, a bad definition.
+        OpenAIError: 400 naming ``tools[i]...``: a tool that is not a function, a bad definition,
+            more tools or larger schemas than ``proxy.tools.limits`` allows.
     """
-    tools = []
+    check_tool_count(definitions)
+    tools, budget = [], SchemaBudget()
     for i, tool in enumerate(definitions or []):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
@@ -72,9 +75,8 @@ def function_tools(definitions: list[Any] | None) -> list[Tool]:
         if not isinstance(function, dict):
             raise OpenAIError(400, "a function tool has a `function` object", param=f"tools[{i}].function")
         param = f"tools[{i}].function"
-        tools.append(
-            make_tool(function.get("name"), function.get("description"), function.get("parameters"), param)
-        )
+        fields = (function.get("name"), function.get("description"), function.get("parameters"))
+        tools.append(make_tool(*fields, param, budget=budget))
     return tools
 
 
@@ -96,7 +98,10 @@ def check_history(messages: list[ChatMessage]) -> None:
             arguments = function.get("arguments")
             # NOTE: some clients send a call without arguments as ""
             if arguments != "" and json_value(arguments) is NOT_JSON:
-                raise OpenAIError(400, "a tool call's arguments are JSON text", param=f"{param}.arguments")
+                reason = (
+                    f"a tool call's arguments are JSON text, nested at most {MAX_SCHEMA_DEPTH} levels deep"
+                )
+                raise OpenAIError(400, reason, param=f"{param}.arguments")
             made.add(call.get("id"))
         if message.role == "tool" and message.tool_call_id not in made:
             reason = "a tool message answers a tool call made before it (its tool_call_id)"
@@ -107,7 +112,8 @@ def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
     """The JSON Schema ``response_format`` asks the answer to follow (None: free text).
 
     Raises:
-        OpenAIError: 400 naming the field: another type, a ``json_schema`` without a schema.
+        OpenAIError: 400 naming the field: another type, a ``json_schema`` without a schema, a
+            schema over the limits (``proxy.tools.limits``).
     """
     form = body.response_format
     if form is None or form.type == "text":
@@ -130,11 +136,10 @@ def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
     if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
         reason = "json_schema.name is 1-64 letters, digits, '_' or '-'"
         raise OpenAIError(400, reason, param="response_format.json_schema.name")
-    schema = spec.get("schema", ANY_OBJECT)
+    schema, param = spec.get("schema", ANY_OBJECT), "response_format.json_schema.schema"
     if not isinstance(schema, dict):
-        raise OpenAIError(
-            400, "json_schema.schema is a JSON Schema object", param="response_format.json_schema.schema"
-        )
+        raise OpenAIError(400, "json_schema.schema is a JSON Schema object", param=param)
+    SchemaBudget().check(schema, param)
     return grammars.closed(schema) if spec.get("strict") else schema
 
 

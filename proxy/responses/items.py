@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.http.errors import OpenAIError
+from proxy.tools.limits import MAX_SCHEMA_DEPTH
 from proxy.tools.spec import NOT_JSON, ToolCall, call_id, json_value
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -104,9 +105,8 @@ def check_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> N
     for i, item in enumerate(items):
         if item["type"] == "function_call":
             if item["arguments"] != "" and json_value(item["arguments"]) is NOT_JSON:
-                raise OpenAIError(
-                    400, "a function_call's arguments are JSON text", param=f"input[{i}].arguments"
-                )
+                reason = f"a function_call's arguments are JSON text, at most {MAX_SCHEMA_DEPTH} levels deep"
+                raise OpenAIError(400, reason, param=f"input[{i}].arguments")
             made.add(item["call_id"])
         elif item["type"] == "function_call_output" and item["call_id"] not in made:
             reason = f"no function_call with call_id '{item['call_id']}' comes before this output"

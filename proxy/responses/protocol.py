@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import Count, Real
+from proxy.tools.limits import check_tool_count
 
 UNSUPPORTED = {
     "background": "background responses are not supported; send the request and wait, or stream it",
@@ -101,7 +102,8 @@ class ResponsesRequest(BaseModel):
 
         Raises:
             OpenAIError: 400 naming the field: a tool that is not a function, a tool choice or
-                text format that is not one of Responses' own.
+                text format that is not one of Responses' own, more tools than
+                ``proxy.tools.limits.MAX_TOOLS``.
         """
         fields: dict[str, Any] = {
             "model": self.model,
@@ -114,6 +116,7 @@ class ResponsesRequest(BaseModel):
             "parallel_tool_calls": self.parallel_tool_calls,
         }
         if self.tools:
+            check_tool_count(self.tools)
             fields["tools"] = [chat_tool(tool, i) for i, tool in enumerate(self.tools)]
         if self.tool_choice is not None:
             fields["tool_choice"] = chat_tool_choice(self.tool_choice)

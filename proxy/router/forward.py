@@ -69,7 +69,7 @@ async def forward(router: Router, request: Request, kind: Endpoint, raw: bytes, 
     """
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # NOTE: JSON nested past Python's parser is not JSON to us
         raise OpenAIError(400, "the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")

@@ -35,8 +35,10 @@ DISCONNECT_POLL_S = 0.2
 class Running:
     """A submitted request as the event loop sees it: its events, in order, and cancellation."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest) -> None:
-        loop = asyncio.get_running_loop()
+    def __init__(
+        self, engine: Engine, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        loop = loop or asyncio.get_running_loop()
         self._on_finished: Callable[[Finished], None] | None = None
         self._finished: Finished | None = None
         self._text: list[str] = []
@@ -103,10 +105,13 @@ class Completion:
     finished: Finished | None = None
 
 
-def submit(engine: Engine, generation: GenerationRequest) -> Running:
-    """Queue a request, or answer 503 with Retry-After when the engine is saturated."""
+def submit(
+    engine: Engine, generation: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None
+) -> Running:
+    """Queue a request whose events go to ``loop`` (default: the running one), or answer 503
+    with Retry-After when the engine is saturated."""
     try:
-        return Running(engine, generation)
+        return Running(engine, generation, loop)
     except EngineBusy:
         raise OpenAIError(
             503,
@@ -133,7 +138,10 @@ async def start(
     Raises:
         OpenAIError: 503 when the engine's queue is full; 499 when the client left.
     """
-    running = submit(engine, generation)
+    if generation.grammar is None:
+        running = submit(engine, generation)
+    else:  # NOTE: queuing builds the grammar's matcher (seconds for a large schema): off the loop
+        running = await run_in_threadpool(submit, engine, generation, asyncio.get_running_loop())
     watcher = asyncio.create_task(_cancel_on_disconnect(request, running))
     try:
         event = await running.events.get()

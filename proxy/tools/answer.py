@@ -3,7 +3,9 @@ text split into content and tool calls, whole or while it streams."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from engine.constraint import GrammarError, check_grammar
@@ -102,17 +104,15 @@ def plan_answer(
     specials = special_strings(engine.loaded.tokenizer)
     if tools is not None:
         for i, tool in enumerate(tools.tools):
-            check_schema(tool.parameters, specials, tools_param.format(i=i))
-            check(engine, grammars.json_grammar(grammars.closed(tool.parameters)), tools_param.format(i=i))
+            param = tools_param.format(i=i)
+            check_schema(tool.parameters, specials, param)
+            compiled(engine, partial(grammars.json_grammar, grammars.closed(tool.parameters)), param)
     grammar = None
     if schema is not None:
         check_schema(schema, specials, schema_param)
-        grammar = grammars.json_grammar(schema)
-        check(engine, grammar, schema_param)
+        grammar = compiled(engine, partial(grammars.json_grammar, schema), schema_param)
     elif tools is not None:
-        grammar = fmt.grammar(tools)
-        if grammar is not None:
-            check(engine, grammar, "tools")
+        grammar = compiled(engine, partial(fmt.grammar, tools), "tools")
     return AnswerPlan(fmt, tools, grammar, id_prefix)
 
 
@@ -124,15 +124,19 @@ def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None
         raise OpenAIError(400, reason, param=param)
 
 
-def check(engine: Engine, grammar: str, param: str) -> None:
-    """Compile ``grammar`` for the served model (slow the first time: run it off the event loop).
+def compiled(engine: Engine, build: Callable[[], str | None], param: str) -> str | None:
+    """The grammar ``build`` makes (None: none), compiled once for the served model (slow the
+    first time: run it off the event loop).
 
     Raises:
         OpenAIError: 400 naming ``param`` with llguidance's message (a schema feature it does not
-            support, a bad ``pattern``).
+            support, a bad ``pattern``, a schema nested past its parser's limit).
     """
     loaded = engine.loaded
     try:
-        check_grammar(loaded.tokenizer, loaded.model.config.vocab_size, grammar)
-    except GrammarError as exc:
+        grammar = build()
+        if grammar is not None:
+            check_grammar(loaded.tokenizer, loaded.model.config.vocab_size, grammar)
+    except (GrammarError, ValueError) as exc:  # NOTE: llguidance's builders raise ValueError
         raise OpenAIError(400, f"this schema cannot be enforced: {exc}", param=param) from exc
+    return grammar

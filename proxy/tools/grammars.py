@@ -41,9 +41,14 @@ def closed(schema: Any) -> Any:
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: closed(v) for k, v in schema.items()}
-    if isinstance(schema.get("properties"), dict):
-        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+    named = isinstance(schema.get("properties"), dict)
+    # NOTE: each property's schema is closed once (the names' map itself is not a schema): an
+    # object nested n deep costs n steps, not 2**n
+    out = {
+        k: {name: closed(s) for name, s in v.items()} if k == "properties" and named else closed(v)
+        for k, v in schema.items()
+    }
+    if named:
         out.setdefault("additionalProperties", False)
     return out
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.http.errors import OpenAIError
+from proxy.tools.limits import SchemaBudget, nested_within
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A function name, as OpenAI's reference defines it (Anthropic's is the same set)."""
@@ -44,13 +45,18 @@ NOT_JSON: Any = object()
 
 
 def json_value(text: Any) -> Any:
-    """``text`` parsed as JSON when it is a string holding JSON, else ``NOT_JSON``."""
+    """``text`` parsed as JSON when it is a string holding JSON nested at most
+    ``proxy.tools.limits.MAX_SCHEMA_DEPTH`` levels deep, else ``NOT_JSON``.
+
+    NOTE: tool calls' arguments come back in later requests' histories, where templates and
+    ``canonical`` walk them recursively: deeper values are refused here, never a RecursionError."""
     if not isinstance(text, str):
         return NOT_JSON
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
         return NOT_JSON
+    return value if nested_within(value) else NOT_JSON
 
 
 @dataclass(frozen=True)
@@ -137,13 +143,20 @@ class ToolSet:
 
 
 def make_tool(
-    name: Any, description: Any, parameters: Any, param: str, schema_field: str = "parameters"
+    name: Any,
+    description: Any,
+    parameters: Any,
+    param: str,
+    schema_field: str = "parameters",
+    budget: SchemaBudget | None = None,
 ) -> Tool:
     """A ``Tool`` from a definition's fields; ``param`` is where it is in the body, and
-    ``schema_field`` the name of its schema there (Anthropic's is ``input_schema``).
+    ``schema_field`` the name of its schema there (Anthropic's is ``input_schema``). ``budget``
+    is what the request's tools share (``proxy.tools.limits``; None: this tool's own).
 
     Raises:
-        OpenAIError: 400 naming the field: a bad name, or parameters that are not an object.
+        OpenAIError: 400 naming the field: a bad name, parameters that are not an object, or a
+            schema over the limits (checked before anything else walks it).
     """
     if not isinstance(name, str) or not NAME.match(name):
         raise OpenAIError(400, "a tool name is 1-64 letters, digits, '_' or '-'", param=f"{param}.name")
@@ -152,6 +165,7 @@ def make_tool(
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         reason = 'a tool\'s parameters are a JSON Schema of an object ("type": "object")'
         raise OpenAIError(400, reason, param=f"{param}.{schema_field}")
+    (budget or SchemaBudget()).check(parameters, f"{param}.{schema_field}")
     if description is not None and not isinstance(description, str):
         raise OpenAIError(400, "a tool's description is a string", param=f"{param}.description")
     return Tool(name, description or "", canonical(parameters))
@@ -163,9 +177,11 @@ def tool_set(tools: list[Tool], mode: Mode, name: str | None, parallel: bool | N
     Raises:
         OpenAIError: 400 naming ``param`` (the tool choice) or the repeated tool.
     """
-    names = [t.name for t in tools]
-    if (twice := next((n for n in names if names.count(n) > 1), None)) is not None:
-        raise OpenAIError(400, f"tool `{twice}` is defined twice", param="tools")
+    names: set[str] = set()
+    for tool in tools:  # NOTE: a set, not list.count: linear in the number of tools
+        if tool.name in names:
+            raise OpenAIError(400, f"tool `{tool.name}` is defined twice", param="tools")
+        names.add(tool.name)
     if mode in ("required", "named") and not tools:
         raise OpenAIError(400, "a tool choice that calls a tool needs `tools`", param=param)
     if mode == "named" and name not in names:
