@@ -27,14 +27,25 @@ ROLES = {"user": "user", "model": "assistant"}
 
 def _proto_int(value: Any) -> Any:
     """An int32 as protobuf's JSON writes it: a number, or a string of ASCII digits (an optional
-    ``-``), never ``"²"``, ``"1_000"`` or thousands of digits (``proxy.http.numbers``)."""
+    ``-``), never ``"²"``, ``"1_000"`` or thousands of digits (``proxy.http.numbers``), never a
+    boolean."""
     if isinstance(value, str) and not is_count(value.removeprefix("-")):
         raise ValueError("an integer in ASCII digits")
+    return _proto_number(value)
+
+
+def _proto_number(value: Any) -> Any:
+    """A number as protobuf's JSON writes it (a number or its text), never ``true`` or ``false``,
+    which pydantic would read as 1 and 0."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not a boolean")
     return value
 
 
 Int32 = Annotated[int, BeforeValidator(_proto_int), Field(ge=-(2**31), le=2**31 - 1)]
 """Gemini's int32 fields (``maxOutputTokens``, ``seed``)."""
+Float = Annotated[float, BeforeValidator(_proto_number), Field(allow_inf_nan=False)]
+"""Gemini's float fields (``temperature``, ``topP``, penalties)."""
 
 
 class _Body(BaseModel):
@@ -80,13 +91,13 @@ def chat_messages(
 
 class GenerationConfig(_Body):
     max_output_tokens: Int32 | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: Float | None = Field(None, ge=0, le=2)
+    top_p: Float | None = Field(None, gt=0, le=1)
     stop_sequences: list[str] | None = Field(None, max_length=5)
     candidate_count: Literal[1] | None = None
     seed: Int32 | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: Float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Float | None = Field(None, ge=-2, le=2)
     response_mime_type: Literal["text/plain"] | None = None
 
 

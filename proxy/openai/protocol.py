@@ -166,7 +166,7 @@ class CompletionRequest(SamplingFields):
     logprobs: StrictInt | None = Field(None, ge=0, le=5)
     echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: StrictInt | None = Field(None, ge=1)
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""

@@ -93,6 +93,17 @@ def test_an_int32_sent_as_a_string_is_ascii_digits(server, value) -> None:
     assert_google_400(big, "seed")
 
 
+@pytest.mark.parametrize("field", ["seed", "maxOutputTokens", "temperature", "topP", "presencePenalty"])
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_is_no_number(server, field, value) -> None:
+    """``true`` and ``false`` in a number field are a 400 naming it (pydantic reads them as 1 and
+    0; Gemini refuses the type)."""
+    url = f"{server.base_url}/v1beta/models/tiny:generateContent"
+    config = {"maxOutputTokens": 4, field: value}
+    body = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": config}
+    assert_google_400(httpx.post(url, json=body, timeout=60), field)
+
+
 @pytest.mark.parametrize("key", ["١٢", "²", "1" * 5000, "+12", " 12"], ids=lambda k: k[:8])
 def test_a_logit_bias_key_is_a_token_id_in_ascii_digits(server, key) -> None:
     """OpenAI's ``logit_bias`` keys: ``"١٢"`` is not token 12; each is a 400 naming logit_bias."""
