@@ -60,6 +60,19 @@ class MessagesRequest(_Lenient):
     stream: StrictBool = False
     cache_control: CacheControl | None = None  # NOTE: automatic caching: the last block's breakpoint
 
+    def turns(self) -> list[Message]:
+        """The messages with consecutive ones of one role combined into one turn, their blocks in
+        order, as Anthropic's Messages API combines them ("consecutive user or assistant turns
+        in your request will be combined into a single turn"): a prefill sent as two assistant
+        messages is one prefill."""
+        turns: list[Message] = []
+        for message in self.messages:
+            if turns and turns[-1].role == message.role:
+                turns[-1] = Message(role=message.role, content=turns[-1].blocks() + message.blocks())
+            else:
+                turns.append(message)
+        return turns
+
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""
         extra = self.model_extra or {}
@@ -115,8 +128,9 @@ class MessagesRequest(_Lenient):
             )
             messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
             breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
-        for message in self.messages:
-            if message is self.messages[-1] and message.role == "assistant" and not message.content:
+        turns = self.turns()
+        for message in turns:
+            if message is turns[-1] and message.role == "assistant" and not message.content:
                 break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
             blocks = message.blocks()
             for block in blocks:

@@ -59,7 +59,7 @@ def content_error(body: MessagesRequest) -> tuple[str, str] | None:
 def prefill(body: MessagesRequest) -> str | None:
     """The text the answer continues: the final message's, when it is the assistant's and holds
     text (validated by ``content_error``); else None (an empty final assistant turn is none)."""
-    final = body.messages[-1]
+    final = body.turns()[-1]
     if final.role != "assistant":
         return None
     text = "".join(b.text or "" for b in final.blocks() if b.type == "text")

@@ -74,6 +74,26 @@ def test_a_prefilled_answer_from_the_cache_equals_the_uncached_one(cached) -> No
     assert first.content[0].text == second.content[0].text == streamed
 
 
+def test_consecutive_turns_of_one_role_are_one_turn(cached) -> None:
+    """Anthropic combines consecutive turns of one role: a prefill sent as two assistant messages
+    (and a question as two user messages) is answered as the combined turn is, same prompt."""
+    sdk, half = client(cached.server), len(PREFILL) // 2
+    split = [
+        {"role": "user", "content": QUESTION[:40]},
+        {"role": "user", "content": [{"type": "text", "text": QUESTION[40:]}]},
+        {"role": "assistant", "content": PREFILL[:half]},
+        {"role": "assistant", "content": [{"type": "text", "text": PREFILL[half:]}]},
+    ]
+    options = {"model": "tiny", "max_tokens": 8, "extra_body": {"temperature": 0}}
+    whole, parts = (
+        sdk.messages.create(messages=prefilled(), **options),
+        sdk.messages.create(messages=split, **options),
+    )
+    assert (parts.content[0].text, total(parts.usage)) == (whole.content[0].text, total(whole.usage))
+    counted = sdk.messages.count_tokens(model="tiny", messages=split).input_tokens
+    assert counted == sdk.messages.count_tokens(model="tiny", messages=prefilled()).input_tokens
+
+
 def test_an_empty_final_assistant_turn_is_no_prefill(cached) -> None:
     """``""`` or ``[]`` as the final assistant turn (Anthropic allows it): the answer is a new turn,
     the same as without it."""
