@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import Field, field_validator
@@ -105,7 +106,7 @@ class RouteSettings(ServerSettings):
         if not urls:
             raise ValueError("give at least one replica's OpenAI base URL (http://host:port/v1)")
         for url in urls:
-            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1", url):
+            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1", url) or not _parses(url):
                 raise ValueError(
                     f"{redact_url(url)!r} is not an OpenAI base URL: http(s)://host:port[/path]/v1"
                 )
@@ -124,3 +125,13 @@ class RouteSettings(ServerSettings):
     def upstreams(self) -> list[str]:
         """The replicas' base URLs, without a trailing slash, in the order given."""
         return [u.strip().rstrip("/") for u in self.upstream.split(",") if u.strip()]
+
+
+def _parses(url: str) -> bool:
+    """Whether ``url``'s host and port parse: an IPv6 host in brackets that close, a port from 1
+    to 65535 when one is given."""
+    try:
+        httpx.URL(url)
+        return urlsplit(url).port != 0
+    except (httpx.InvalidURL, ValueError):
+        return False

@@ -52,17 +52,17 @@ _SECRET = re.compile(r"(?i)password|secret|token|passwd|pwd")
 
 
 def redact_url(url: str) -> str:
-    """``url`` as logs and messages may show it: the password of its user info, and the value of
-    any query option naming a password, secret or token (its name percent-decoded first),
-    replaced by ``***``."""
+    """``url`` as logs and messages may show it: the password of its user info (all of a user
+    info without one: a token, or a password percent-encoded), and the value of any query option
+    naming a password, secret or token (its name percent-decoded first), replaced by ``***``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
     netloc, slash, tail = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
-    if at:
+    if at:  # NOTE: a user without a colon may be a token (``https://TOKEN@host``, ``u%3Apw``)
         user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}{':***' if colon else ''}@{hosts}"
+        netloc = f"{user}:***@{hosts}" if colon and ":" not in unquote(user) else f"***@{hosts}"
     if "?" in netloc and not slash:  # a query right after the host: ``redis://h:1?password=x``
         netloc, _, query = netloc.partition("?")
         tail = "?" + query
