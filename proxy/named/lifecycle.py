@@ -1,7 +1,8 @@
-"""Named caches made, changed and let go: made from chat messages (computed, stored, then pinned
-within ``--max-pinned-bytes``), given a new expiry, deleted, forgotten with the blocks
-``kvproxy cache clear`` removes, and released when they expire (``sweep_forever``). Only the
-caller that removes a record releases its pins (``proxy.named.registry``)."""
+"""Named caches made, changed and let go: made from chat messages (their bytes reserved within
+``--max-pinned-bytes`` first, then computed, stored and pinned), given a new expiry, deleted,
+forgotten with the blocks ``kvproxy cache clear`` removes, and released when they expire
+(``sweep_forever``). Only the caller that removes a record releases its pins
+(``proxy.named.registry``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hashing import BLOCK_SIZE
 from proxy.cache_api.prewarm import store_prompt
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
+from proxy.named.ledger import Limits, Refusal
 from proxy.named.registry import NamedCache, NamedCaches
 from proxy.named.service import chain, on_state, rendered
 from proxy.serving.validation import check_prompt_length
@@ -51,8 +53,8 @@ async def create(
     Raises:
         OpenAIError: 400 for content shorter than a block or longer than the context, or an
             expiry passed by then; 429 when the pinned bytes would pass the tenant's share of
-            ``--max-pinned-bytes`` or the budget itself (``_check_budget``); 503 when Redis is
-            unreachable.
+            ``--max-pinned-bytes`` or the budget itself, counting the creates under way
+            (``_refuse``, ``proxy.named.ledger``); 503 when Redis is unreachable.
     """
     ids = await run_in_threadpool(rendered, engine, messages, False)
     if len(ids) < BLOCK_SIZE:
@@ -63,6 +65,37 @@ async def create(
             param="contents",
         )
     check_prompt_length(engine, len(ids), "contents")
+    # NOTE: reserved before any work, so creates under way count against the share and the budget
+    need = len(ids) // BLOCK_SIZE * engine.loaded.kv_spec.block_bytes
+    limits, ticket = _limits(settings), uuid.uuid4().hex
+    _refuse(await on_state(named.reserve, tenant, ticket, need, limits), limits, need)
+    record = None
+    try:
+        record = await _made(engine, cache, tenant, ids, messages, expiry, display_name)
+        _refuse(await on_state(named.commit, tenant, ticket, record, limits), limits, record.block_bytes)
+    except BaseException:
+        if record is not None:  # NOTE: made but not kept: its pins go
+            await run_in_threadpool(cache.unpin, *chain(record))
+        raise
+    finally:
+        try:
+            await on_state(named.release, tenant, ticket)  # NOTE: none once committed
+        except OpenAIError:  # NOTE: Redis failed: the reservation expires (RESERVATION_TTL_S)
+            log.warning("named cache: a reservation could not be released (Redis)")
+    return record
+
+
+async def _made(
+    engine: Engine,
+    cache: CacheAdmin,
+    tenant: str,
+    ids: list[int],
+    messages: list[dict[str, Any]],
+    expiry: Callable[[float], float],
+    display_name: str,
+) -> NamedCache:
+    """``ids`` computed, stored and pinned until ``expiry(now)``; the record to keep (its pins are
+    the caller's to release if it is not kept)."""
     namespace = engine.loaded.namespace(tenant)
     # NOTE: pinned before they are stored, so the byte budget cannot evict them meanwhile
     reserved = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expiry(time.time())))
@@ -70,8 +103,6 @@ async def create(
         raise OpenAIError.cache_unavailable(": the named cache was not made")
     pinned = None
     try:
-        fresh = reserved.missing * engine.loaded.kv_spec.block_bytes
-        await _check_budget(cache, named, settings, tenant, fresh, reserved.held + fresh)
         await store_prompt(engine, ids, tenant, _ttl(expiry(time.time())))
         expires = expiry(time.time())
         if expires <= time.time():
@@ -79,10 +110,8 @@ async def create(
         pinned = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expires))  # NOTE: now stored
         if pinned is None or pinned.missing:
             raise OpenAIError(503, "the content's blocks could not be stored; try again", type="server_error")
-        # NOTE: of two made at once, both may not fit
-        await _check_budget(cache, named, settings, tenant, 0, pinned.held)
         now = time.time()
-        record = NamedCache(
+        return NamedCache(
             id=uuid.uuid4().hex[:16],
             model=engine.loaded.name,
             display_name=display_name,
@@ -95,14 +124,12 @@ async def create(
             updated=now,
             expires=expires,
         )
-        await on_state(named.put, tenant, record)
     except BaseException:
         if pinned is not None:
             await run_in_threadpool(cache.unpin, namespace, pinned.block_hashes)
         raise
     finally:
         await run_in_threadpool(cache.unpin, namespace, reserved.block_hashes)
-    return record
 
 
 def _ttl(expires: float) -> int:
@@ -110,41 +137,39 @@ def _ttl(expires: float) -> int:
     return math.ceil(expires - time.time()) + 1
 
 
-async def _check_budget(
-    cache: CacheAdmin, named: NamedCaches, settings: Settings, tenant: str, need: int, charged: int
-) -> None:
-    """Whether a named cache of ``tenant``'s fits: ``charged`` bytes (its chain's blocks) within
-    the tenant's share of ``--max-pinned-bytes`` (``Settings.tenant_budget``; what its caches hold
-    is the sum of their chains' bytes), and ``need`` more pinned bytes within the budget itself.
+def _limits(settings: Settings) -> Limits:
+    """A tenant's share of ``--max-pinned-bytes`` (``Settings.tenant_budget``) and the budget."""
+    return Limits(settings.tenant_budget(settings.max_pinned_bytes), settings.max_pinned_bytes)
+
+
+def _refuse(refusal: Refusal | None, limits: Limits, need: int) -> None:
+    """Nothing when ``need`` bytes were charged (``refusal`` None); else the 429.
 
     Raises:
-        OpenAIError: 429 for either: the tenant's own figures for its share; for the whole budget
-            no figure, which would tell one tenant what the others pin. 503 when Redis cannot say.
+        OpenAIError: 429 past the tenant's share, with its own figures only (what its caches
+            and creates under way hold, and ``need``); past the whole budget, with no figure,
+            which would tell one tenant what the others pin.
     """
-    share = settings.tenant_budget(settings.max_pinned_bytes)
-    own = sum(c.block_bytes for c in await on_state(named.of_tenant, tenant))
-    if own + charged > share:
-        whose = "this tenant's share of " if share < settings.max_pinned_bytes else ""
+    if refusal is None:
+        return
+    if refusal.limit == "share":
+        whose = "this tenant's share of " if limits.share < limits.budget else ""
         raise OpenAIError(
             429,
-            f"the named caches' pinned blocks would pass {whose}--max-pinned-bytes ({share} bytes; "
-            f"your named caches pin {own}, this one needs {charged}): delete one, or wait for one "
-            "to expire",
+            f"the named caches' pinned blocks would pass {whose}--max-pinned-bytes ({limits.share} "
+            f"bytes; your named caches pin {refusal.own}, this one needs {need}): delete one, or "
+            "wait for one to expire",
             type="rate_limit_error",
             code="pinned_budget_exceeded",
         )
-    held = await run_in_threadpool(cache.pinned_bytes)
-    if held is None:
-        raise OpenAIError.cache_unavailable(": the named cache was not made")
-    if held + need > settings.max_pinned_bytes:
-        raise OpenAIError(
-            429,
-            "the server's budget of pinned blocks (--max-pinned-bytes) is full: try again once "
-            "other named caches expire",
-            type="rate_limit_error",
-            code="pinned_budget_exceeded",
-            headers={"Retry-After": "60"},
-        )
+    raise OpenAIError(
+        429,
+        "the server's budget of pinned blocks (--max-pinned-bytes) is full: try again once "
+        "other named caches expire",
+        type="rate_limit_error",
+        code="pinned_budget_exceeded",
+        headers={"Retry-After": "60"},
+    )
 
 
 async def set_expiry(
@@ -163,7 +188,9 @@ async def set_expiry(
         raise OpenAIError.cache_unavailable(": the expiry was not changed")
     await run_in_threadpool(cache.unpin, namespace, hashes)
     updated = dataclasses.replace(record, expires=expires, updated=time.time())
-    await on_state(named.put, tenant, updated)
+    # NOTE: a cache deleted meanwhile stays deleted: its pins were released by the delete
+    if not await on_state(named.replace, tenant, updated):
+        raise OpenAIError(404, f"CachedContent not found (or expired): {record.name}", param="name")
     return updated
 
 

@@ -13,6 +13,8 @@ node). A *member* is ``{tenant digest}:{id}``:
     ``{prefix}{named}:r:{member}``  the record (JSON)
     ``{prefix}{named}:t:{tenant digest}``  set of the tenant's ids (its listing)
     ``{prefix}{named}:expiry``      sorted set: member -> expiry (Unix seconds)
+
+and the pinned bytes charged to each record and to each create under way (``proxy.named.ledger``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import redis
 import xxhash
+
+from proxy.named.ledger import COMMIT, REPLACE, RESERVATION_TTL_S, RESERVE, Limits, Refusal, answer, refusal
 
 
 @dataclass(frozen=True)
@@ -94,12 +99,30 @@ class NamedCaches(Protocol):
     def every(self) -> list[NamedCache]:
         """Every cache, of every tenant."""
 
+    def reserve(self, tenant: str, ticket: str, need: int, limits: Limits) -> Refusal | None:
+        """Charge ``need`` bytes to a create of ``tenant``'s under way (``ticket``, its id) for
+        ``RESERVATION_TTL_S`` at most, if they fit beside every record and reservation; else
+        why not (``proxy.named.ledger``)."""
+
+    def commit(self, tenant: str, ticket: str, cache: NamedCache, limits: Limits) -> Refusal | None:
+        """Keep ``cache`` in place of the reservation ``ticket`` if its ``block_bytes`` fit beside
+        every other record and reservation; else why not (and nothing is kept)."""
+
+    def release(self, tenant: str, ticket: str) -> None:
+        """Drop the reservation ``ticket`` (none: nothing happens)."""
+
+    def replace(self, tenant: str, cache: NamedCache) -> bool:
+        """Keep ``cache``'s new version if its record is still there; whether it was."""
+
 
 class RedisNamedCaches:
     """``NamedCaches`` on Redis (see the module docstring)."""
 
     def __init__(self, client: redis.Redis, key_prefix: str) -> None:
         self.client, self.base = client, f"{key_prefix}{{named}}:"
+        self.ledger = [f"{self.base}bytes", f"{self.base}held", f"{self.base}held:until"]
+        self._reserve, self._commit = client.register_script(RESERVE), client.register_script(COMMIT)
+        self._replace = client.register_script(REPLACE)
 
     def put(self, tenant: str, cache: NamedCache) -> None:
         digest = tenant_digest(tenant)
@@ -108,7 +131,34 @@ class RedisNamedCaches:
         pipe.set(f"{self.base}r:{member}", dataclasses.replace(cache, tenant_digest=digest).dumps())
         pipe.sadd(f"{self.base}t:{digest}", cache.id)
         pipe.zadd(f"{self.base}expiry", {member: cache.expires})
+        pipe.hset(self.ledger[0], member, cache.block_bytes)
         pipe.execute()
+
+    def reserve(self, tenant: str, ticket: str, need: int, limits: Limits) -> Refusal | None:
+        digest, now = tenant_digest(tenant), time.time()
+        args = [now, f"{digest}:", f"{digest}:{ticket}", need, *limits, now + RESERVATION_TTL_S]
+        return answer(self._reserve(keys=self.ledger, args=args))  # type: ignore[arg-type]
+
+    def commit(self, tenant: str, ticket: str, cache: NamedCache, limits: Limits) -> Refusal | None:
+        digest = tenant_digest(tenant)
+        member, text = f"{digest}:{cache.id}", dataclasses.replace(cache, tenant_digest=digest).dumps()
+        keys = [*self.ledger, f"{self.base}r:{member}", f"{self.base}t:{digest}", f"{self.base}expiry"]
+        args = [time.time(), f"{digest}:", f"{digest}:{ticket}", member, cache.block_bytes, *limits]
+        found = self._commit(keys=keys, args=[*args, text, cache.expires, cache.id])  # type: ignore[list-item]
+        return answer(found)  # type: ignore[arg-type]
+
+    def release(self, tenant: str, ticket: str) -> None:
+        member = f"{tenant_digest(tenant)}:{ticket}"
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hdel(self.ledger[1], member)
+        pipe.zrem(self.ledger[2], member)
+        pipe.execute()
+
+    def replace(self, tenant: str, cache: NamedCache) -> bool:
+        digest = tenant_digest(tenant)
+        member, text = f"{digest}:{cache.id}", dataclasses.replace(cache, tenant_digest=digest).dumps()
+        keys = [f"{self.base}r:{member}", f"{self.base}expiry"]
+        return bool(self._replace(keys=keys, args=[text, cache.expires, member]))
 
     def get(self, tenant: str, cache_id: str) -> NamedCache | None:
         text = self.client.get(f"{self.base}r:{tenant_digest(tenant)}:{cache_id}")
@@ -127,6 +177,7 @@ class RedisNamedCaches:
         pipe.getdel(f"{self.base}r:{member}")
         pipe.srem(f"{self.base}t:{tenant_hex}", cache_id)
         pipe.zrem(f"{self.base}expiry", member)
+        pipe.hdel(self.ledger[0], member)
         text = pipe.execute()[0]
         return None if text is None else NamedCache.loads(text)
 
@@ -141,8 +192,9 @@ class RedisNamedCaches:
         )
         out = [NamedCache.loads(t) for t in texts if t is not None]
         gone = [m for m, t in zip(members, texts, strict=True) if t is None]
-        if gone:
+        if gone:  # NOTE: records Redis lost: their bytes are no longer charged either
             self.client.zrem(f"{self.base}expiry", *gone)
+            self.client.hdel(self.ledger[0], *gone)
         return out
 
 
@@ -152,6 +204,7 @@ class MemoryNamedCaches:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], NamedCache] = {}  # (tenant digest, id) -> record
+        self._held: dict[str, tuple[int, float]] = {}  # reservation member -> (bytes, expiry)
 
     def put(self, tenant: str, cache: NamedCache) -> None:
         digest = tenant_digest(tenant)
@@ -174,6 +227,44 @@ class MemoryNamedCaches:
     def expired(self, now: float) -> list[NamedCache]:
         with self._lock:
             return [c for c in self._records.values() if c.expires <= now]
+
+    def reserve(self, tenant: str, ticket: str, need: int, limits: Limits) -> Refusal | None:
+        digest, now = tenant_digest(tenant), time.time()
+        with self._lock:
+            found = refusal(self._charges(now, ""), f"{digest}:", need, limits)
+            if found is None:
+                self._held[f"{digest}:{ticket}"] = (need, now + RESERVATION_TTL_S)
+            return found
+
+    def commit(self, tenant: str, ticket: str, cache: NamedCache, limits: Limits) -> Refusal | None:
+        digest = tenant_digest(tenant)
+        with self._lock:
+            mine = f"{digest}:{ticket}"
+            found = refusal(self._charges(time.time(), mine), f"{digest}:", cache.block_bytes, limits)
+            if found is None:
+                self._held.pop(mine, None)
+                self._records[(digest, cache.id)] = dataclasses.replace(cache, tenant_digest=digest)
+            return found
+
+    def release(self, tenant: str, ticket: str) -> None:
+        with self._lock:
+            self._held.pop(f"{tenant_digest(tenant)}:{ticket}", None)
+
+    def replace(self, tenant: str, cache: NamedCache) -> bool:
+        digest = tenant_digest(tenant)
+        with self._lock:
+            if (digest, cache.id) not in self._records:
+                return False
+            self._records[(digest, cache.id)] = dataclasses.replace(cache, tenant_digest=digest)
+            return True
+
+    def _charges(self, now: float, skip: str) -> list[tuple[str, int]]:
+        """Every record's and live reservation's (member, bytes) but ``skip``'s; drops the expired
+        reservations. Under the lock."""
+        for member in [m for m, (_, until) in self._held.items() if until <= now]:
+            del self._held[member]
+        held = [(m, size) for m, (size, _) in self._held.items() if m != skip]
+        return held + [(f"{t}:{i}", c.block_bytes) for (t, i), c in self._records.items()]
 
     def every(self) -> list[NamedCache]:
         return self.expired(float("inf"))
