@@ -8,7 +8,9 @@ adds snapshots and keeps the byte budget after a collection.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache, partial
+from time import monotonic
 from typing import IO, Any, TypeVar
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, NamespaceIdentity, block_hashes, tail_hash
@@ -18,6 +20,8 @@ from store.errors import StoreUnavailable
 from store.gc import GarbageCollector, clear, collect
 from store.interface import KVSpec
 from store.parts import CacheOptions, StoreParts
+from store.readers import ReaderPool
+from store.serde import read_bound
 from store.snapshot.export import namespace_blocks, write_snapshot
 from store.snapshot.importer import ImportReport, import_snapshot
 from store.stats import CacheStats, GcReport
@@ -38,6 +42,8 @@ class StoreAdmin:
             collection ends within the byte budget, and snapshots can be imported. None (the
             command line): counters are added at once.
         spec: the K/V layout blocks must have to be exported or imported (None: no snapshots).
+        readers: the threads blob reads for explanations and hot prefixes run on (the lookup's;
+            None: two of its own); each caller waits at most ``options.read_timeout_s``.
     """
 
     def __init__(
@@ -46,10 +52,12 @@ class StoreAdmin:
         options: CacheOptions,
         writer: BlockWriter | None = None,
         spec: KVSpec | None = None,
+        readers: ReaderPool | None = None,
     ) -> None:
         self.parts, self.options, self.writer, self.spec = parts, options, writer, spec
+        self._readers = readers or ReaderPool(2)
         # NOTE: the hot prefixes' text is read from block 0's blob once: a hash names its tokens for good
-        self.root_tokens = lru_cache(maxsize=256)(partial(report.root_tokens, parts.blobs))
+        self.root_tokens = lru_cache(maxsize=256)(self._root_tokens)
         self._collector: GarbageCollector | None = None
 
     def health(self) -> CacheHealth:
@@ -102,8 +110,30 @@ class StoreAdmin:
     def divergence(
         self, namespace: Namespace, token_ids: Sequence[int], block: int
     ) -> tuple[int, list[int]] | None:
-        args = (self.parts.index, self.parts.blobs, namespace, token_ids, block)
+        read = partial(self._read, monotonic() + self.options.read_timeout_s)
+        args = (self.parts.index, read, namespace, token_ids, block)
         return self.parts.guard.redis("children", report.divergence, *args)
+
+    def _root_tokens(self, namespace: Namespace, root: BlockHash) -> tuple[int, ...]:
+        read = partial(self._read, monotonic() + self.options.read_timeout_s)
+        return report.root_tokens(read, namespace, root)
+
+    def _read(self, deadline: float, namespace: Namespace, block_hash: BlockHash) -> bytes:
+        """A blob's bytes (bounded by ``read_bound``), read on a reader thread and waited for
+        until ``deadline`` (``time.monotonic``), as a lookup's: a stuck read holds that thread,
+        never the caller.
+
+        Raises:
+            TimeoutError: not read by the deadline; OSError: as ``BlobBackend.read``.
+        """
+        bound = None if self.spec is None else read_bound(self.spec)
+        future = self._readers.submit(partial(self.parts.blobs.read, namespace, block_hash, bound))
+        try:
+            data: bytes = future.result(timeout=max(0.0, deadline - monotonic()))
+        except FutureTimeout as exc:
+            future.cancel()
+            raise TimeoutError(f"a blob read took over {self.options.read_timeout_s:.1f} s") from exc
+        return data
 
     def indexed_tokens(self, namespace: Namespace, token_ids: Sequence[int]) -> tuple[int, int] | None:
         hashes = block_hashes(token_ids, namespace)

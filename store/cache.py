@@ -24,7 +24,7 @@ from store.index.base import BlockIndex
 from store.interface import KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.lookup import PrefixLookup
 from store.parts import CacheOptions, StoreParts
-from store.serde import BlockVerificationError, decode_block
+from store.serde import BlockVerificationError, decode_block, read_bound
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class BlockCache:
         )
         self.writer = BlockWriter(self.parts, spec, options)
         self._lookup = PrefixLookup(self.parts, self.writer, spec, options)
-        self.admin = StoreAdmin(self.parts, options, self.writer, spec)
+        self.admin = StoreAdmin(self.parts, options, self.writer, spec, self._lookup.readers)
 
     def lookup(
         self,
@@ -172,7 +172,7 @@ class BlockCache:
                 token_ids=block_tokens(token_ids, i),
                 spec=self.spec,
             )
-            stored = self.parts.blobs.read_checked(namespace, hashes[i], decode)
+            stored = self.parts.blobs.read_checked(namespace, hashes[i], decode, read_bound(self.spec))
         except (OSError, BlockVerificationError):
             return False
         pairs = ((stored.key, key[i]), (stored.value, value[i]))

@@ -97,7 +97,8 @@ class KVBlock:
 class PrefixMatch(NamedTuple):
     """The verified leading blocks of a prompt found in the cache, in chain order, then the tail
     that continues them (its first ``tail_tokens`` tokens are the prompt's next ones), and why the
-    match stopped before the prompt's last full block (None when every full block matched)."""
+    match stopped before the prompt's last full block (None when every full block matched; then
+    set only when the tail that would have continued them failed: dropped, timed out, unread)."""
 
     blocks: list[KVBlock]
     miss_reason: MissReason | None = None

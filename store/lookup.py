@@ -31,7 +31,7 @@ from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import CacheOptions, StoreParts
 from store.readers import ReaderPool, cancel
-from store.serde import decode_block
+from store.serde import decode_block, read_bound
 from store.tails import DAMAGED, TailFinder, candidate_tails
 from store.writer import BlockWriter
 
@@ -225,13 +225,19 @@ class PrefixLookup:
                 )
                 return block, len(data), perf_counter() - started
 
-        block, size, seconds = self.parts.blobs.read_checked(namespace, hashes[i], decode)
+        bound = read_bound(self.spec)
+        block, size, seconds = self.parts.blobs.read_checked(namespace, hashes[i], decode, bound)
         self.parts.recorder.add_coded("decode", block, size, seconds)
         return block
 
     def _done(self, blocks: list[KVBlock], from_ram: int, reason: MissReason | None) -> PrefixMatch:
         self.parts.recorder.add(blocks_loaded=len(blocks), blocks_from_ram=from_ram)
         return PrefixMatch(blocks, reason)
+
+    @property
+    def readers(self) -> ReaderPool:
+        """The reader threads (shared with the explanations' reads, ``StoreAdmin``)."""
+        return self._readers
 
     def discard(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
         """Remove blocks that must not be served: each one's RAM copy, index entry, then blob (so

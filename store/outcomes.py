@@ -23,7 +23,8 @@ class MissReason(StrEnum):
     EXPIRED = "expired or evicted"
     """It was stored once; its TTL ran out or the byte budget evicted it."""
     FAILED_VERIFICATION = "failed verification"
-    """Its blob was missing or not the block the prompt needs (damaged, malformed); it was dropped."""
+    """Its blob (or the tail's that would have served the tokens after the full blocks) was
+    missing, no blob, or not the block the prompt needs (damaged, malformed); it was dropped."""
     UNAVAILABLE = "cache unavailable"
     """Redis did not answer (or its circuit breaker is open): served uncached."""
     UNAUDITED = "imported, not yet audited"
@@ -42,6 +43,9 @@ class MissReason(StrEnum):
     """Every full block hit; no stored tail holds the tokens after the last one (all but the
     prompt's last token)."""
 
+
+TAIL_FAULTS = (MissReason.FAILED_VERIFICATION, MissReason.TIMED_OUT, MissReason.READ_FAILED)
+"""Reasons a tail gives when it was listed but could not be served (``store.tails``)."""
 
 CacheKind = Literal["hit", "partial", "miss"]
 """``hit``: every full block of the prompt came from the cache (or, under one block, a tail served
@@ -81,10 +85,13 @@ def first_miss(
     if cached_tokens is not None and cached_tokens >= prompt_tokens - 1:
         return None, None
     full = num_full_blocks(prompt_tokens)
+    # NOTE: past the full blocks, only a tail's own fault (the tail that would have served the
+    # rest was dropped, timed out or unread) says more than "below one block" or "partial"
+    failed_tail = reason if reason in TAIL_FAULTS else None
     if full == 0:
-        return 0, MissReason.BELOW_ONE_BLOCK
+        return 0, failed_tail or MissReason.BELOW_ONE_BLOCK
     if cached_blocks < full:
         return cached_blocks, reason or MissReason.NEVER_SEEN
     if prompt_tokens % BLOCK_SIZE:
-        return full, MissReason.PARTIAL_LAST_BLOCK
+        return full, failed_tail or MissReason.PARTIAL_LAST_BLOCK
     return None, None

@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, chain_hash
-from store.blobs.base import BlobBackend
 from store.index.base import BlockIndex, Counters, HotPrefix, HotPrefixes
 from store.index.retention import RETENTION_CLASSES
 from store.serde import BlockVerificationError, read_token_ids
@@ -49,18 +48,21 @@ def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> l
     ]
 
 
+BlobRead = Callable[[Namespace, BlockHash], bytes]
+"""Reads a block's blob (``StoreAdmin``'s bounded read); raises ``OSError``."""
 SIBLINGS_READ = 16
 """The most sibling blocks one explanation reads."""
 
 
 def divergence(
-    index: BlockIndex, blobs: BlobBackend, namespace: Namespace, token_ids: Sequence[int], block: int
+    index: BlockIndex, read: BlobRead, namespace: Namespace, token_ids: Sequence[int], block: int
 ) -> tuple[int, list[int]] | None:
     """Where ``token_ids`` first differs from a cached sibling of its block ``block``.
 
     Looks for a stored block with the same parent (so the same tokens before it, in this
     namespace only) and compares token ids; of the first ``SIBLINGS_READ`` siblings, the one that
-    agrees longest.
+    agrees longest. A sibling ``read`` cannot give (``OSError``, a timeout among them: the reads
+    are the caller's to bound) is passed over.
 
     Returns:
         ``(token position, the sibling's 128 token ids)``, or None when no sibling is stored.
@@ -70,7 +72,7 @@ def divergence(
     best: tuple[int, list[int]] | None = None
     for sibling in list(index.children(namespace, prefix[-1] if prefix else None))[:SIBLINGS_READ]:
         try:
-            theirs = read_token_ids(blobs.read(namespace, sibling))
+            theirs = read_token_ids(read(namespace, sibling))
         except (OSError, BlockVerificationError):
             continue
         differs = next((j for j, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
@@ -105,8 +107,8 @@ def hot_prefixes(
     ]
 
 
-def root_tokens(blobs: BlobBackend, namespace: Namespace, root: BlockHash) -> tuple[int, ...]:
-    """The token ids of block 0 named ``root``, read from its blob.
+def root_tokens(read: BlobRead, namespace: Namespace, root: BlockHash) -> tuple[int, ...]:
+    """The token ids of block 0 named ``root``, read from its blob (by ``read``).
 
     NOTE: the ids are the block's only if they hash to its name, so a wrong blob shows no text;
     and a name stands for the same ids for good, so a caller may keep them.
@@ -114,7 +116,7 @@ def root_tokens(blobs: BlobBackend, namespace: Namespace, root: BlockHash) -> tu
     Raises:
         OSError: the blob cannot be read; BlockVerificationError: it is not that block's.
     """
-    ids = read_token_ids(blobs.read(namespace, root))
+    ids = read_token_ids(read(namespace, root))
     if len(ids) != BLOCK_SIZE or chain_hash(namespace, ids) != root:
         raise BlockVerificationError("block 0's token ids do not hash to its name")
     return tuple(ids)

@@ -47,6 +47,16 @@ def max_blob_bytes(spec: KVSpec) -> int:
     return spec.block_bytes + HEADER_BYTES
 
 
+def read_bound(spec: KVSpec) -> int:
+    """The most bytes the cache reads of one blob (or tail) of ``spec``'s blocks: twice
+    ``max_blob_bytes`` plus 1 MiB, generous (a codec's worst case, a newer header) yet small
+    enough that a huge or sparse file in a blob's place is refused from its size, unread."""
+    return 2 * max_blob_bytes(spec) + READ_SLACK_BYTES
+
+
+READ_SLACK_BYTES = 1 << 20
+
+
 def encode_block(block: KVBlock, namespace: Namespace, parent: BlockHash | None, spec: KVSpec) -> bytes:
     """Serialize ``block`` (or a tail; ``parent`` is then its tip) to a version-2 blob in
     ``spec.block_format`` (at most ``max_blob_bytes(spec)`` bytes)."""

@@ -26,7 +26,7 @@ from store.index.base import TailListing
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import StoreParts
-from store.serde import BlockVerificationError, decode_tail
+from store.serde import BlockVerificationError, decode_tail, read_bound
 from store.writer import BlockWriter
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,10 @@ class TailFinder:
         if isinstance(found, KVBlock):
             return match._replace(tail=found, tail_tokens=use)
         tail = self._read(namespace, tip, k, found, rest[:use], deadline)
-        if tail is None:
-            return match
+        if isinstance(tail, MissReason):
+            # NOTE: why the tokens after the blocks were not served, when the blocks did not stop
+            # for a reason of their own: the tail that would have served them failed
+            return match if match.miss_reason else match._replace(miss_reason=tail)
         ttl = block_ttls(ttl_s, k + 1, self.ttl_s)[k]
         touch = partial(self.parts.index.touch, namespace, tip, found.tail_hash, ttl, k)
         self.writer.enqueue(partial(self.parts.guard.redis, "touch", touch, scope=namespace.hex()))
@@ -120,9 +122,10 @@ class TailFinder:
         listing: TailListing,
         ids: tuple[int, ...],
         deadline: float,
-    ) -> KVBlock | None:
+    ) -> KVBlock | MissReason:
         """The listed tail whose first ``len(ids)`` tokens are ``ids``, from RAM or read (by
-        ``deadline``) and verified (a bad one is dropped); None when it cannot be served."""
+        ``deadline``) and verified (a bad one is dropped); else why it cannot be served
+        (``FAILED_VERIFICATION``: dropped, ``TIMED_OUT``, ``READ_FAILED``)."""
         block = self.parts.ram.get(namespace, listing.tail_hash)
         if (
             block is not None
@@ -145,22 +148,25 @@ class TailFinder:
             )
             return tail, len(data), perf_counter() - started
 
-        future = self.read(partial(self.parts.blobs.read_checked, namespace, listing.tail_hash, decode))
+        bound = read_bound(self.spec)
+        future = self.read(
+            partial(self.parts.blobs.read_checked, namespace, listing.tail_hash, decode, bound)
+        )
         try:
             decoded: tuple[KVBlock, int, float] = future.result(timeout=max(0.0, deadline - monotonic()))
         except FutureTimeout:
             future.cancel()
             self.parts.recorder.add(read_timeouts=1)
-            return None
+            return MissReason.TIMED_OUT
         except (OSError, BlockVerificationError) as exc:
             if not isinstance(exc, DAMAGED):
                 self.parts.recorder.add(read_errors=1)  # NOTE: not the tail's fault: it is kept
                 self.parts.guard.warn("read", "a tail read failed (%s): served without it", exc)
-                return None
+                return MissReason.READ_FAILED
             log.warning("cache tail %s dropped: %s", listing.tail_hash.hex(), exc)
             self.parts.recorder.add(verification_failures=1)
             self.discard(namespace, [listing.tail_hash])
-            return None
+            return MissReason.FAILED_VERIFICATION
         block, size, seconds = decoded
         self.parts.recorder.add_coded("decode", block, size, seconds)
         self.parts.ram.put(namespace, block)

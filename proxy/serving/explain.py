@@ -28,8 +28,15 @@ EXCERPT_TOKENS = 8
 TOOLS_CHANGED = "tools changed"
 """The reason of a miss whose first differing token is in the tool definitions."""
 
-# NOTE: no divergence for these: nothing was compared, or the cache could not be asked.
-_NOTHING_TO_COMPARE = (MissReason.BELOW_ONE_BLOCK, MissReason.PARTIAL_LAST_BLOCK, MissReason.UNAVAILABLE)
+# NOTE: no divergence for these: nothing was compared, the cache could not be asked, or its blobs
+# could not be read in time (reading a sibling would wait on the same disk again).
+_NOTHING_TO_COMPARE = (
+    MissReason.BELOW_ONE_BLOCK,
+    MissReason.PARTIAL_LAST_BLOCK,
+    MissReason.UNAVAILABLE,
+    MissReason.TIMED_OUT,
+    MissReason.READ_FAILED,
+)
 
 
 def cache_headers(done: PrefillDone) -> dict[str, str]:
@@ -72,7 +79,8 @@ async def explain(
     # NOTE: no divergence for block 0 (unless the tools are in it): comparing with an unrelated
     # first block says nothing, and would show text of other requests to a client that knows none
     # of the prompt.
-    if cache is None or block is None or reason in _NOTHING_TO_COMPARE:
+    # NOTE: nor for the partial block after the last full one (its tail failed: no sibling to compare)
+    if cache is None or block is None or reason in _NOTHING_TO_COMPARE or block >= out["prompt_blocks"]:
         return out
     if not block and (tools is None or not tools[0] < min(tools[1], BLOCK_SIZE)):
         return out

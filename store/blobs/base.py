@@ -32,8 +32,9 @@ T = TypeVar("T")
 
 
 class NotABlob(OSError):
-    """What stands in a blob's place is no blob (a directory, a FIFO, a device): damaged, as a
-    blob that fails verification is."""
+    """What stands in a blob's place is no blob (a link, a socket, a directory, a FIFO, a device,
+    a file of ours we may not read, or one larger than any blob can be): damaged, as a blob that
+    fails verification is."""
 
 
 @dataclass(frozen=True)
@@ -93,16 +94,27 @@ class BlobBackend(Protocol):
         """
         ...
 
-    def read(self, namespace: Namespace, block_hash: BlockHash) -> bytes:
-        """The bytes of a block's blob (unverified: the caller verifies them).
+    def read(self, namespace: Namespace, block_hash: BlockHash, max_bytes: int | None = None) -> bytes:
+        """The bytes of a block's blob (unverified: the caller verifies them), at most
+        ``max_bytes`` (None: no bound; ``store.serde.read_bound``).
 
         Raises:
-            OSError: the blob is missing or unreadable, or the store failed.
+            FileNotFoundError: the blob is missing.
+            NotABlob: what stands in its place is no blob, or is over ``max_bytes`` (decided
+                from its size, unread).
+            OSError: it cannot be read, or the store failed.
         """
         ...
 
-    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
-        """``check`` (the caller's verification) of the bytes of a block's blob.
+    def read_checked(
+        self,
+        namespace: Namespace,
+        block_hash: BlockHash,
+        check: Callable[[bytes], T],
+        max_bytes: int | None = None,
+    ) -> T:
+        """``check`` (the caller's verification) of the bytes of a block's blob (at most
+        ``max_bytes``, as ``read``).
 
         A backend holding several copies (the disk tier in front of a bucket) drops a copy that
         ``check`` rejects, and checks the next on its own: only a damaged copy is ever removed.

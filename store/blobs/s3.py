@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hashing import BlockHash, Namespace
-from store.blobs.base import BlobInfo, T, blob_name, parse_blob_name
+from store.blobs.base import BlobInfo, NotABlob, T, blob_name, parse_blob_name
 
 CONNECT_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 32  # lookups read a prefix's blocks in parallel
@@ -104,24 +104,39 @@ class S3BlobStore:
             return False
         return True
 
-    def read(self, namespace: Namespace, block_hash: BlockHash) -> bytes:
-        """The bytes of a block's object.
+    def read(self, namespace: Namespace, block_hash: BlockHash, max_bytes: int | None = None) -> bytes:
+        """The bytes of a block's object, at most ``max_bytes`` of them (None: no bound).
 
         Raises:
-            OSError: no such object (errno ENOENT), or the store failed or timed out.
+            FileNotFoundError: no such object.
+            NotABlob: the object is larger than ``max_bytes`` (decided from the GET's
+                ``ContentLength``, its body unread).
+            OSError: the store failed or timed out.
         """
         key = self._key(namespace, block_hash)
-        body = self._call("get_object", key)["Body"]
+        response = self._call("get_object", key)
+        body, size = response["Body"], int(response.get("ContentLength") or 0)
         try:
-            data: bytes = body.read()
+            if max_bytes is not None and size > max_bytes:
+                body.close()
+                raise NotABlob(errno.EFBIG, f"{size} bytes, over the bound of {max_bytes}", key)
+            data: bytes = body.read() if max_bytes is None else body.read(max_bytes + 1)
         except BotoCoreError as exc:  # the connection broke or timed out mid-object
             raise _failure("get_object", key, exc) from exc
+        if max_bytes is not None and len(data) > max_bytes:
+            raise NotABlob(errno.EFBIG, f"over the bound of {max_bytes} bytes", key)
         return data
 
-    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
+    def read_checked(
+        self,
+        namespace: Namespace,
+        block_hash: BlockHash,
+        check: Callable[[bytes], T],
+        max_bytes: int | None = None,
+    ) -> T:
         """``check`` of the block's blob (``BlobBackend.read_checked``; one copy: raises what
         ``read`` or ``check`` raises)."""
-        return check(self.read(namespace, block_hash))
+        return check(self.read(namespace, block_hash, max_bytes))
 
     def exists(self, namespace: Namespace, block_hash: BlockHash) -> bool:
         """Whether the block's object exists (one HEAD request).

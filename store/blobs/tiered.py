@@ -79,21 +79,27 @@ class TieredBlobStore:
         """Where a block's blob lives, relative to the root (``blob_name``, the same in both tiers)."""
         return blob_name(namespace, block_hash)
 
-    def read(self, namespace: Namespace, block_hash: BlockHash) -> bytes:
+    def read(self, namespace: Namespace, block_hash: BlockHash, max_bytes: int | None = None) -> bytes:
         """The bytes of a block's blob: the local copy when there is one, else the remote's (then
         copied locally, within the budget).
 
         Raises:
             OSError: the remote's error, when there is no usable local copy.
         """
-        data = self._copy(namespace, block_hash)
+        data = self._copy(namespace, block_hash, max_bytes)
         if data is not None:
             return data
-        data = self.remote.read(namespace, block_hash)
+        data = self.remote.read(namespace, block_hash, max_bytes)
         self._keep(namespace, block_hash, data)
         return data
 
-    def read_checked(self, namespace: Namespace, block_hash: BlockHash, check: Callable[[bytes], T]) -> T:
+    def read_checked(
+        self,
+        namespace: Namespace,
+        block_hash: BlockHash,
+        check: Callable[[bytes], T],
+        max_bytes: int | None = None,
+    ) -> T:
         """``check`` of the local copy's bytes; when there is none or ``check`` rejects it (the
         copy is then dropped, with a warning), of the remote's, copied locally once they pass.
 
@@ -104,7 +110,7 @@ class TieredBlobStore:
             OSError: the remote's error, when there is no good local copy.
             Exception: what ``check`` raised on the remote's bytes.
         """
-        data = self._copy(namespace, block_hash)
+        data = self._copy(namespace, block_hash, max_bytes)
         if data is not None:
             try:
                 return check(data)
@@ -116,12 +122,12 @@ class TieredBlobStore:
                     self.url,
                 )
                 self._drop(namespace, block_hash)
-        data = self.remote.read(namespace, block_hash)
+        data = self.remote.read(namespace, block_hash, max_bytes)
         checked = check(data)
         self._keep(namespace, block_hash, data)
         return checked
 
-    def _copy(self, namespace: Namespace, block_hash: BlockHash) -> bytes | None:
+    def _copy(self, namespace: Namespace, block_hash: BlockHash, max_bytes: int | None) -> bytes | None:
         """The local copy's bytes, or None when there is none or it is unusable (then dropped)."""
         name = blob_name(namespace, block_hash)
         with self._lock:
@@ -131,7 +137,7 @@ class TieredBlobStore:
         if held is None:
             return None
         try:
-            data = self.local.read(namespace, block_hash)
+            data = self.local.read(namespace, block_hash, max_bytes)
             if len(data) == held:
                 with contextlib.suppress(OSError):  # the order after a restart; not worth a fault
                     os.utime(self.local.path(namespace, block_hash))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,6 +55,24 @@ def flip_tensor_bytes(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def unix_socket(path: Path) -> None:
+    """A UNIX socket in the blob's place (bound by name: a socket's path is at most 108 bytes)."""
+    path.unlink()
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(path.name)
+    finally:
+        os.chdir(here)
+
+
+def parent_is_a_file(path: Path) -> None:
+    """The blob's directory replaced by a plain file."""
+    shutil.rmtree(path.parent)
+    path.parent.write_bytes(b"not a directory")
+
+
 DAMAGE: dict[str, Callable[[Path], None]] = {
     "tensor-bytes": flip_tensor_bytes,
     "collision": collision,
@@ -68,6 +88,12 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "pickle": lambda p: p.write_bytes(pickle.dumps({"key": [0.0] * 16})),
     "fifo": lambda p: (p.unlink(), os.mkfifo(p)),  # a read would block forever
     "directory": lambda p: (p.unlink(), p.mkdir()),
+    # NOTE: not I/O errors: what stands there is no blob (docs/operations.md, damaged files)
+    "unix-socket": unix_socket,  # open: ENXIO
+    "self-link": lambda p: (p.unlink(), os.symlink(p.name, p)),  # ELOOP
+    "link-to-dev-zero": lambda p: (p.unlink(), os.symlink("/dev/zero", p)),
+    "parent-is-a-file": parent_is_a_file,  # ENOTDIR
+    "huge-sparse": lambda p: os.truncate(p, 400 * 2**20),  # refused from its size, unread
 }
 
 

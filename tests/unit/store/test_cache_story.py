@@ -30,11 +30,11 @@ class HangingBlobs(FileBlobStore):
         super().__init__(root)
         self.hang, self.release, self.reading = hang, threading.Event(), threading.Event()
 
-    def read(self, namespace, block_hash):
+    def read(self, namespace, block_hash, max_bytes=None):
         if block_hash in self.hang:
             self.reading.set()
             self.release.wait(HANG_S)
-        return super().read(namespace, block_hash)
+        return super().read(namespace, block_hash, max_bytes)
 
 
 class FailingBlobs(FileBlobStore):
@@ -45,10 +45,10 @@ class FailingBlobs(FileBlobStore):
         super().__init__(root)
         self.failing = failing
 
-    def read(self, namespace, block_hash):
+    def read(self, namespace, block_hash, max_bytes=None):
         if block_hash in self.failing:
             raise OSError(errno.EIO, "input/output error")
-        return super().read(namespace, block_hash)
+        return super().read(namespace, block_hash, max_bytes)
 
 
 @pytest.fixture
