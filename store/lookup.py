@@ -171,11 +171,17 @@ class PrefixLookup:
                 return self._done(blocks, from_ram, MissReason.TIMED_OUT), []
             except DAMAGED as exc:
                 # NOTE: the prefix ends at the first block we cannot serve; blocks after it are
-                # never loaded, since their K/V depends on this one.
+                # never loaded, since their K/V depends on this one. Their index entries go too
+                # (not their blobs): this request computes them again and its save writes any blob
+                # that is gone, so a damage that took several (a namespace directory) heals at once
                 cancel(reads.values())
                 log.warning("cache block %d (%s) dropped: %s", i, hashes[i].hex(), exc)
                 self.parts.recorder.add(verification_failures=1)
                 self.discard(namespace, [hashes[i]])
+                for later in hashes[i + 1 : len(entries)]:
+                    self.parts.guard.redis(
+                        "drop", self.parts.index.drop, namespace, later, scope=namespace.hex()
+                    )
                 return self._done(blocks, from_ram, MissReason.FAILED_VERIFICATION), []
             except OSError as exc:  # NOTE: not the blob's fault (a disk, a bucket): it is kept
                 cancel(reads.values())

@@ -19,6 +19,8 @@ from pydantic.alias_generators import to_camel
 from proxy.http.errors import OpenAIError
 from proxy.http.numbers import is_count
 
+PROTO_NUMBER = re.compile(r"-?([0-9]{1,18}(\.[0-9]{0,18})?|\.[0-9]{1,18})([eE][-+]?[0-9]{1,3})?")
+"""A float as protobuf's JSON may write it as text (a sign, digits, a fraction, an exponent)."""
 DURATION = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?s")
 """A ``ttl`` (protobuf's ``Duration`` in JSON: ``"600s"``, ``"1.5s"``)."""
 ROLES = {"user": "user", "model": "assistant"}
@@ -35,10 +37,13 @@ def _proto_int(value: Any) -> Any:
 
 
 def _proto_number(value: Any) -> Any:
-    """A number as protobuf's JSON writes it (a number or its text), never ``true`` or ``false``,
-    which pydantic would read as 1 and 0."""
+    """A number as protobuf's JSON writes it: a number, or its text in ASCII (``"0.5"``,
+    ``"-1e-3"``), never ``true`` or ``false`` (which pydantic would read as 1 and 0) nor text
+    pydantic reads loosely (``" 1"``, ``"+1"``, ``"1_0"`` as 10)."""
     if isinstance(value, bool):
         raise ValueError("a number, not a boolean")
+    if isinstance(value, str) and not PROTO_NUMBER.fullmatch(value):
+        raise ValueError("a number in ASCII digits")
     return value
 
 
@@ -94,7 +99,7 @@ class GenerationConfig(_Body):
     temperature: Float | None = Field(None, ge=0, le=2)
     top_p: Float | None = Field(None, gt=0, le=1)
     stop_sequences: list[str] | None = Field(None, max_length=5)
-    candidate_count: Literal[1] | None = None
+    candidate_count: Int32 | None = Field(None, ge=1, le=1)
     seed: Int32 | None = None
     presence_penalty: Float | None = Field(None, ge=-2, le=2)
     frequency_penalty: Float | None = Field(None, ge=-2, le=2)

@@ -128,10 +128,10 @@ class RouteSettings(ServerSettings):
 
 
 def _parses(url: str) -> bool:
-    """Whether ``url``'s host and port parse: an IPv6 host in brackets that close, a port from 1
-    to 65535 when one is given."""
+    """Whether ``url``'s host and port parse: a host (an IPv6 one in brackets that close), a port
+    from 1 to 65535 when one is given, no query or fragment."""
     try:
-        httpx.URL(url)
-        return urlsplit(url).port != 0
+        parts = urlsplit(url)
+        return bool(httpx.URL(url).host) and parts.port != 0 and not parts.fragment and not parts.query
     except (httpx.InvalidURL, ValueError):
         return False

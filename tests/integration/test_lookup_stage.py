@@ -27,11 +27,11 @@ def test_a_hanging_blob_read_holds_up_only_its_own_request(settings, tiny_model,
         read = blobs.read
         hanging, release, returned = threading.Event(), threading.Event(), threading.Event()
 
-        def stuck_read(namespace, block_hash):
+        def stuck_read(namespace, block_hash, *bound):
             hanging.set()
             release.wait(120)
             returned.set()
-            return read(namespace, block_hash)
+            return read(namespace, block_hash, *bound)
 
         blobs.read = stuck_read
 

@@ -93,11 +93,13 @@ def test_an_int32_sent_as_a_string_is_ascii_digits(server, value) -> None:
     assert_google_400(big, "seed")
 
 
-@pytest.mark.parametrize("field", ["seed", "maxOutputTokens", "temperature", "topP", "presencePenalty"])
-@pytest.mark.parametrize("value", [True, False])
-def test_a_boolean_is_no_number(server, field, value) -> None:
-    """``true`` and ``false`` in a number field are a 400 naming it (pydantic reads them as 1 and
-    0; Gemini refuses the type)."""
+@pytest.mark.parametrize(
+    "field", ["seed", "maxOutputTokens", "candidateCount", "temperature", "topP", "presencePenalty"]
+)
+@pytest.mark.parametrize("value", [True, False, " 1", "+1", "1_0", "0.5\n", "\u0661"])
+def test_a_boolean_or_loose_text_is_no_number(server, field, value) -> None:
+    """``true`` and ``false`` in a number field, and text pydantic would read loosely (a space, a
+    plus, an underscore, another script's digits), are a 400 naming it; Gemini refuses them."""
     url = f"{server.base_url}/v1beta/models/tiny:generateContent"
     config = {"maxOutputTokens": 4, field: value}
     body = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": config}

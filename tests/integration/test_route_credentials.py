@@ -68,7 +68,8 @@ def test_an_upstream_carrying_a_user_and_password_is_refused_at_start_up() -> No
     for url in ("http://user:hunter2-pw@127.0.0.1:1/v1", "http://hunter2-pw@127.0.0.1:1/v1"):
         with pytest.raises(ValidationError, match="carries a user or password"):
             RouteSettings(upstream=f"http://127.0.0.1:2/v1,{url}")
-    for url in ("http://user:hunter2-pw@127.0.0.1:1/v1", "http://user%3Ahunter2-pw@127.0.0.1:1/v1"):
+    urls = ("http://user:hunter2-pw@127.0.0.1:1/v1", "http://user%3Ahunter2-pw@127.0.0.1:1/v1")
+    for url in (*urls, "http://hunter2-pw:@127.0.0.1:1/v1"):
         done = subprocess.run(
             [sys.executable, "-m", "proxy.cli", "route", "--upstream", url],
             capture_output=True,
@@ -80,7 +81,16 @@ def test_an_upstream_carrying_a_user_and_password_is_refused_at_start_up() -> No
 
 
 @pytest.mark.parametrize(
-    "url", ["http://[::1:18501/v1", "http://127.0.0.1:99999/v1", "http://127.0.0.1:0/v1", "http://h:x/v1"]
+    "url",
+    [
+        "http://[::1:18501/v1",
+        "http://127.0.0.1:99999/v1",
+        "http://127.0.0.1:0/v1",
+        "http://h:x/v1",
+        "http://:80/v1",
+        "http://h:1/x#/v1",
+        "http://h:1/v1?a=/v1",
+    ],
 )
 def test_an_upstream_that_does_not_parse_is_a_usage_error(url) -> None:
     """A host or port no URL has (an IPv6 host not closed, a port past 65535 or 0) is refused at

@@ -60,9 +60,9 @@ def redact_url(url: str) -> str:
         return url
     netloc, slash, tail = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
-    if at:  # NOTE: a user without a colon may be a token (``https://TOKEN@host``, ``u%3Apw``)
-        user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}:***@{hosts}" if colon and ":" not in unquote(user) else f"***@{hosts}"
+    if at:  # NOTE: a user without a password may be a token (``https://TOKEN@host``, ``TOKEN:@``)
+        user, _, password = userinfo.partition(":")
+        netloc = f"{user}:***@{hosts}" if password and ":" not in unquote(user) else f"***@{hosts}"
     if "?" in netloc and not slash:  # a query right after the host: ``redis://h:1?password=x``
         netloc, _, query = netloc.partition("?")
         tail = "?" + query

@@ -113,7 +113,8 @@ def test_ttl_slides_on_every_hit_then_expires(cache, clock) -> None:
 
 
 def test_a_corrupt_blob_ends_the_prefix_and_is_dropped(clock, tmp_path) -> None:
-    """Block 1's blob truncated (RAM tier off): block 0 served, block 1's entry and blob gone."""
+    """Block 1's blob truncated (RAM tier off): block 0 served, block 1's entry and blob gone, and
+    block 2's entry (its K/V is computed again; its blob stays for the save to find)."""
     index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path)
     cache = cache_on(index, blobs)
     stored(cache)
@@ -121,7 +122,8 @@ def test_a_corrupt_blob_ends_the_prefix_and_is_dropped(clock, tmp_path) -> None:
     blob.write_bytes(blob.read_bytes()[:1000])
     match = cache.lookup(NS, IDS)
     assert (match.num_blocks, match.miss_reason) == (1, MissReason.FAILED_VERIFICATION)
-    assert index.missing(NS, HASHES) == [False, True, False] and not blob.exists()
+    assert index.missing(NS, HASHES) == [False, True, True] and not blob.exists()
+    assert blobs.exists(NS, HASHES[2])
     assert (
         cache.admin.stats().verification_failures == 1
         and cache.admin.stats().evictions["verification_failure"] == 1
