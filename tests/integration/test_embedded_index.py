@@ -150,6 +150,24 @@ def test_a_damaged_append_only_file_is_moved_aside_and_the_index_starts_empty(fi
     assert f"append-only file could not be loaded: moved to {aside}" in user.log
 
 
+def test_an_append_only_file_cut_short_is_loaded_up_to_the_cut_and_said_so(files) -> None:
+    """A crash mid-write leaves the file's last entry cut: the server loads what precedes it (the
+    rest are misses until stored again), and the user's log says so, not only the server's."""
+    user = User(files.root, "set")
+    user.answer()
+    user.close()
+    wait_for(lambda: gone(files), what="the server to stop")
+    (incr,) = (path for path in files.append_only.iterdir() if ".incr." in path.name)
+    os.truncate(incr, incr.stat().st_size - 3)
+    user = User(files.root)
+    try:
+        assert user.answer() == "None"
+    finally:
+        user.close()
+    assert "append-only file was cut short" in user.log
+    assert not list(files.root.glob("appendonlydir.damaged-*"))
+
+
 def test_a_server_that_answers_is_joined_even_where_its_binary_cannot_run(files, monkeypatch) -> None:
     """The binary is needed to start a server, not to join one (a ``noexec`` mount since, say)."""
     user = User(files.root, "set")
@@ -179,6 +197,8 @@ def test_a_full_disk_starts_the_index_with_nothing_on_disk(files) -> None:
     try:
         for name in ("start", "users", "keeper"):
             files.lock(name).touch()
+        for log in (files.log, files.keeper_log):  # NOTE: room left in their blocks: the logs say why
+            log.write_text("before\n")
         subprocess.run(["dd", "if=/dev/zero", f"of={files.root / 'filler'}", "bs=4k"], capture_output=True)
         user = User(files.root, "set")
         try:
@@ -186,6 +206,8 @@ def test_a_full_disk_starts_the_index_with_nothing_on_disk(files) -> None:
         finally:
             user.close()
         assert "keeps nothing on disk" in user.log
+        assert "could not be loaded" not in user.log  # NOTE: a full disk is not a damaged file
+        assert not list(files.root.glob("appendonlydir.damaged-*"))
         wait_for(lambda: gone(files), what="the server to stop")
     finally:
         subprocess.run(["umount", "-l", str(files.root)], check=True)

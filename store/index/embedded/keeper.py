@@ -49,6 +49,13 @@ SLOW_S = 30.0
 loads its append-only file first; it is waited for all the same)."""
 HUNG_S = 15.0
 """Seconds a running server may answer nothing (not even ``-LOADING``) before it is restarted."""
+LOAD_FAILED = re.compile(
+    r"(?m)^\S+ .* # .*(reading the append only file|reading the RDB base file|manifest)", re.IGNORECASE
+)
+"""A warning of the server's log that it could not read its append-only file or its manifest
+(Valkey's ``aof.c``: ``Bad file format reading the append only file ...``, ``Unexpected end of file
+reading ...``, ``Invalid AOF manifest file format``); never its own writes failing (``Write error
+writing append only file on disk``: a full disk) or its notices (``Creating AOF base file``)."""
 
 
 class Keeper:
@@ -106,6 +113,14 @@ class Keeper:
             time.sleep(0.05)
         self.socket_id = _inode(self.files.socket)
         log.info("index server %d up on %s (%s)", self.server.pid, self.files.socket, self.mode)
+        if cut := re.findall(
+            r"Truncating the AOF (\S+) at offset (\d+)", read_from(self.files.log, self.logged)
+        ):
+            log.warning(
+                "the index's append-only file was cut short (a crash or a full disk): loaded up to "
+                "byte %s of %s; what came after is gone (those prompts are misses until stored again)",
+                *cut[-1][::-1],
+            )
         return True
 
     @property
@@ -113,12 +128,11 @@ class Keeper:
         return f"append-only file in {self.files.append_only}" if self.persist else "nothing on disk"
 
     def _move_damaged_aside(self) -> bool:
-        """Move the append-only file aside when the server's log of its failed start names it
-        (``Bad file format reading the append only file``, a bad AOF manifest); False when it does
-        not (a server that failed for another reason: a full disk) or there is no file."""
+        """Move the append-only file aside when the server's log of its failed start says it could
+        not read it (``LOAD_FAILED``); False when it does not (a server that failed for another
+        reason: a full disk) or there is no file."""
         folder = self.files.append_only
-        said = read_from(self.files.log, self.logged)
-        if not folder.is_dir() or not re.search(r"(?i)append only file|\bAOF\b", said):
+        if not folder.is_dir() or not LOAD_FAILED.search(read_from(self.files.log, self.logged)):
             return False
         aside = self.files.root / f"appendonlydir.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
         folder.rename(aside)
