@@ -30,13 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.buffers import BufferPool
-from engine.decoding import Decoder
 from engine.forward import prefill_chunks
 from engine.kv import blocks_from_past, past_from_blocks
-from engine.model.loading import LoadedModel
+from engine.parts import ModelParts
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes
-from store.interface import KVSpec, PrefixCache
+from store.interface import KVSpec
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +118,9 @@ class Auditor:
         rate: fraction of hits audited (0 turns the audit off).
     """
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        cache: PrefixCache | None,
-        buffers: BufferPool,
-        decoder: Decoder,
-        rate: float,
-    ) -> None:
-        self.loaded, self.cache, self.buffers, self.decoder = loaded, cache, buffers, decoder
-        self.rate = rate if cache is not None else 0.0
+    def __init__(self, parts: ModelParts, rate: float) -> None:
+        self.parts = parts
+        self.rate = rate if parts.cache is not None else 0.0
         self.listeners: list[Callable[[AuditResult], object]] = []
         self.dropped = 0
         self._pending: deque[AuditCapture] = deque()
@@ -190,38 +181,38 @@ class Auditor:
     @torch.inference_mode()
     def _audit(self, capture: AuditCapture) -> Iterator[None]:
         n = len(capture.prompt_ids)
-        buffers = self.buffers.acquire(n + AUDIT_TOKENS)
+        buffers = self.parts.buffers.acquire(n + AUDIT_TOKENS)
         try:
             past = past_from_blocks([], 0, buffers)
-            chunks = prefill_chunks(self.loaded.model, capture.prompt_ids, past, 0, AUDIT_CHUNK_TOKENS)
+            chunks = prefill_chunks(self.parts.loaded.model, capture.prompt_ids, past, 0, AUDIT_CHUNK_TOKENS)
             cold: list[torch.Tensor] = []
             for logits in chunks:
                 cold[:] = [logits]
                 yield
             for j, token in enumerate(capture.tokens[:-1]):
-                cold.append(self.decoder([token], [past], [n + j])[0])
+                cold.append(self.parts.decoder([token], [past], [n + j])[0])
                 yield
         finally:
-            self.buffers.release(buffers)
+            self.parts.buffers.release(buffers)
         self._report(capture, cold)
 
     @torch.inference_mode()
     def _settle(self, namespace: Namespace, token_ids: tuple[int, ...]) -> Iterator[None]:
         """Prefill an imported chain cold, chunk by chunk, and hand its K/V to the cache."""
-        if self.cache is None or not token_ids:
+        if self.parts.cache is None or not token_ids:
             return
-        buffers = self.buffers.acquire(len(token_ids))
+        buffers = self.parts.buffers.acquire(len(token_ids))
         try:
             past = past_from_blocks([], 0, buffers)
-            for _ in prefill_chunks(self.loaded.model, token_ids, past, 0, AUDIT_CHUNK_TOKENS):
+            for _ in prefill_chunks(self.parts.loaded.model, token_ids, past, 0, AUDIT_CHUNK_TOKENS):
                 yield
             key, value = blocks_from_past(past, 0, len(token_ids) // BLOCK_SIZE)
         finally:
-            self.buffers.release(buffers)
-        self.cache.settle(namespace, token_ids, key, value, tolerance(self.loaded.kv_spec))
+            self.parts.buffers.release(buffers)
+        self.parts.cache.settle(namespace, token_ids, key, value, tolerance(self.parts.loaded.kv_spec))
 
     def _report(self, capture: AuditCapture, cold: list[torch.Tensor]) -> None:
-        bound = tolerance(self.loaded.kv_spec) * float(cold[0].abs().max())
+        bound = tolerance(self.parts.loaded.kv_spec) * float(cold[0].abs().max())
         difference = float((cold[0].float().cpu() - capture.logits).abs().max())
         diverged = False
         for logits, greedy in zip(cold, capture.greedy, strict=False):
@@ -231,9 +222,18 @@ class Auditor:
         hashes = block_hashes(capture.prompt_ids[: capture.cached_blocks * BLOCK_SIZE], capture.namespace)
         hashes += [capture.tail] if capture.tail is not None else []
         compared = min(len(cold), len(capture.greedy))
-        at = (capture.namespace, len(capture.prompt_ids), capture.cached_tokens, tuple(hashes))
-        result = AuditResult(*at, difference, bound, compared, mismatch, diverged)
-        if mismatch and self.cache is not None:
+        result = AuditResult(
+            namespace=capture.namespace,
+            prompt_tokens=len(capture.prompt_ids),
+            cached_tokens=capture.cached_tokens,
+            block_hashes=tuple(hashes),
+            max_logit_difference=difference,
+            tolerance=bound,
+            tokens_compared=compared,
+            mismatch=mismatch,
+            diverged=diverged,
+        )
+        if mismatch and self.parts.cache is not None:
             why = "a greedy choice diverged" if diverged else "first-token logits beyond the tolerance"
             log.warning(
                 "cache audit mismatch (%s; max logit difference %.3g, tolerance %.3g): removing the prefix's "
@@ -244,6 +244,6 @@ class Auditor:
                 len(hashes),
                 " ".join(h.hex() for h in hashes),
             )
-            self.cache.forget(capture.namespace, hashes)
+            self.parts.cache.forget(capture.namespace, hashes)
         for listener in self.listeners:
             listener(result)

@@ -15,17 +15,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache
 
 from engine.buffers import BufferPool
 from engine.kv import past_from_blocks
 from engine.model.loading import LoadedModel
+from engine.sequence import LoadedPrefix, State
 from engine.sequence import Sequence as Seq
-from engine.sequence import State
-from hashing import BlockHash, Namespace, reusable_tokens
+from hashing import Namespace, reusable_tokens
 from store.interface import PrefixCache, PrefixMatch, TtlPlan
 from store.outcomes import MissReason
 
@@ -33,17 +31,6 @@ log = logging.getLogger(__name__)
 
 INITIAL_ROOM_TOKENS = 1024
 """Completion tokens a request's K/V buffers have room for before they grow."""
-
-
-class LoadedPrefix(NamedTuple):
-    """A prompt's past as far as the cache served it."""
-
-    past: DynamicCache  # K/V of positions [0, cached_tokens)
-    cached_tokens: int
-    cached_blocks: int
-    miss_reason: MissReason | None
-    tail_tokens: int = 0  # of cached_tokens, served by a tail (``hashing.tails``)
-    tail_hash: BlockHash | None = None  # that tail's
 
 
 def load_prefix(
@@ -111,18 +98,14 @@ class PrefixLoader:
         request, start = seq.request, time.perf_counter()
         # NOTE: room for the usual completion; a longer one grows the past (one copy per doubling)
         seq.buffers = self.buffers.acquire(seq.n + min(request.max_tokens, INITIAL_ROOM_TOKENS))
-        namespace = self.loaded.namespace(request.tenant)
-        prefix = load_prefix(
+        seq.prefix = load_prefix(
             self.cache,
-            namespace,
+            seq.namespace,
             request.prompt_ids,
             seq.buffers,
             request.cache_ttl_s,
             not request.prewarm,
             self.loaded.kernels,
         )
-        seq.past, seq.cached_tokens = prefix.past, prefix.cached_tokens
-        seq.cached_blocks, seq.miss_reason = prefix.cached_blocks, prefix.miss_reason
-        seq.tail_tokens, seq.tail_hash = prefix.tail_tokens, prefix.tail_hash
         seq.load_s = time.perf_counter() - start
         seq.state = State.PREFILLING

@@ -66,10 +66,11 @@ class RenderAhead:
             RequestHandle(lambda _event: None),
             Sampler(request.sampling, self.loaded.device),
             TextStream(self.loaded.tokenizer, ()),
+            self.loaded.namespace(request.tenant),
         )
         seq.admit()
         self.loader.load_now(seq)
-        skip = seq.error is None and seq.n - seq.cached_tokens > MAX_TOKENS
+        skip = seq.prefix is not None and seq.n - seq.prefix.cached_tokens > MAX_TOKENS
         if skip:
             seq.handle.cancel()  # NOTE: the runner then gives its buffers back
         while seq.state is State.PREFILLING:

@@ -18,18 +18,15 @@ from typing import Any
 import torch
 
 from engine.audit import Auditor
-from engine.buffers import BufferPool
-from engine.decoding import Decoder
 from engine.forward import prefill_chunks
 from engine.kernels.native import NativeDecoder
-from engine.model.loading import LoadedModel
-from engine.requests import Failed, Finished, FinishReason, PrefillDone, TokenDelta
+from engine.parts import ModelParts
+from engine.requests import Failed, Finished, FinishReason, TokenDelta
 from engine.sampling import logprobs
 from engine.scheduler import Step
 from engine.sequence import Sequence, State
 from engine.storing import Storer
 from hashing import num_full_blocks
-from store.interface import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +57,9 @@ class EngineStats:
 class Runner:
     """Runs steps (see the module docstring); only ever called from the model thread."""
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        cache: PrefixCache | None,
-        buffers: BufferPool,
-        decoder: Decoder,
-        auditor: Auditor,
-    ) -> None:
-        self.loaded, self.cache, self.buffers, self.decoder = loaded, cache, buffers, decoder
-        self.auditor = auditor
-        self.storer = Storer(loaded, cache)
+    def __init__(self, parts: ModelParts, auditor: Auditor) -> None:
+        self.parts, self.auditor = parts, auditor
+        self.storer = Storer(parts.cache)
         self.stats = EngineStats()
 
     def run(self, step: Step) -> None:
@@ -104,29 +93,30 @@ class Runner:
         logits = next(seq.chunks)
         if seq.fed < seq.n:
             return
-        n = seq.n
-        elapsed = time.perf_counter() - seq.admitted
-        done = PrefillDone(
-            n, seq.cached_tokens, seq.cached_blocks, seq.miss_reason, seq.load_s, elapsed, seq.tail_tokens
-        )
-        seq.handle.emit(done)
+        n, prefix = seq.n, seq.prefix
+        assert prefix is not None
+        seq.handle.emit(seq.prefill_done())
         if seq.request.prewarm:
-            self.stats.prewarm_tokens += n - seq.cached_tokens
-            self.storer.store(seq, seq.request.prompt_ids, seq.cached_blocks, n)
+            self.stats.prewarm_tokens += n - prefix.cached_tokens
+            self.storer.store(seq, seq.request.prompt_ids, prefix.cached_blocks, n)
             self._end(seq, "length")
             return
         self.stats.requests += 1
         self.stats.prompt_tokens += n
-        self.stats.cached_tokens += seq.cached_tokens
-        self.stats.prefill_tokens += n - seq.cached_tokens
+        self.stats.cached_tokens += prefix.cached_tokens
+        self.stats.prefill_tokens += n - prefix.cached_tokens
         seq.state = State.DECODING
-        namespace = self.loaded.namespace(seq.request.tenant)
         seq.audit = self.auditor.capture(
-            namespace, seq.request.prompt_ids, seq.cached_blocks, logits, seq.cached_tokens, seq.tail_hash
+            seq.namespace,
+            seq.request.prompt_ids,
+            prefix.cached_blocks,
+            logits,
+            prefix.cached_tokens,
+            prefix.tail_hash,
         )
         reason = self._next_token(seq, logits)
         # NOTE: saved after the first token is out, so storing never delays time to first token
-        self.storer.store(seq, seq.request.prompt_ids, seq.cached_blocks, n)
+        self.storer.store(seq, seq.request.prompt_ids, prefix.cached_blocks, n)
         for boundary in seq.request.boundaries:
             if 0 < boundary < n - 1:
                 self.storer.tail(seq, seq.request.prompt_ids, boundary)
@@ -137,17 +127,17 @@ class Runner:
         """The prefill of the uncached suffix: in chunks through transformers' forward, or, for a
         suffix of at most ``STEPPED_SUFFIX_TOKENS`` (a full or near-full hit) and the native step,
         token by token through the decode step, which on a long past is many times faster."""
-        start = seq.cached_tokens
+        assert seq.prefix is not None
+        past, start = seq.prefix.past, seq.prefix.cached_tokens
         suffix = seq.request.prompt_ids[start:]
-        assert seq.past is not None
-        if len(suffix) <= STEPPED_SUFFIX_TOKENS and isinstance(self.decoder, NativeDecoder):
-            return self._stepped(seq.past, suffix, start)
-        return prefill_chunks(self.loaded.model, suffix, seq.past, start)
+        if len(suffix) <= STEPPED_SUFFIX_TOKENS and isinstance(self.parts.decoder, NativeDecoder):
+            return self._stepped(past, suffix, start)
+        return prefill_chunks(self.parts.loaded.model, suffix, past, start)
 
     def _stepped(self, past: Any, suffix: tuple[int, ...], start: int) -> Iterator[torch.Tensor]:
         logits = None
         for i, token in enumerate(suffix):
-            logits = self.decoder([token], [past], [start + i])[0]
+            logits = self.parts.decoder([token], [past], [start + i])[0]
         assert logits is not None
         yield logits
 
@@ -163,7 +153,7 @@ class Runner:
         positions = [seq.fed for seq in running]
         pasts = [seq.past for seq in running if seq.past is not None]
         start = time.perf_counter()
-        logits = self.decoder(tokens, pasts, positions)
+        logits = self.parts.decoder(tokens, pasts, positions)
         self.stats.decode_step_seconds += time.perf_counter() - start
         self.stats.decode_tokens += len(running)
         self.stats.decode_steps += 1
@@ -181,7 +171,7 @@ class Runner:
         seq.generated.append(token)
         if seq.audit is not None:
             seq.audit.record(token, logits)
-        if token in self.loaded.eos_token_ids:
+        if token in self.parts.loaded.eos_token_ids:
             return "stop"
         logprob, top = logprobs(logits, token, seq.request.top_logprobs)
         seq.handle.emit(TokenDelta(token, seq.text.push(token), logprob, top))
@@ -201,7 +191,7 @@ class Runner:
         if reason == "cancelled":
             seq.handle.emit(Finished("cancelled", len(seq.generated)))
         else:
-            if self.cache is not None and seq.generated:
+            if self.parts.cache is not None and seq.generated:
                 self._feed_last(seq)
             if seq.fed > seq.n:
                 sequence = seq.request.prompt_ids + tuple(seq.generated)
@@ -220,7 +210,7 @@ class Runner:
         assert seq.past is not None
         try:
             start = time.perf_counter()
-            self.decoder([seq.generated[-1]], [seq.past], [seq.fed])
+            self.parts.decoder([seq.generated[-1]], [seq.past], [seq.fed])
         except Exception:
             log.exception("feeding a finished completion's last token failed")
             return
@@ -235,7 +225,7 @@ class Runner:
     def _release(self, seq: Sequence) -> None:
         seq.state = State.FINISHED
         if seq.buffers is not None:
-            self.buffers.release(seq.buffers)
+            self.parts.buffers.release(seq.buffers)
             seq.buffers = None
 
     def snapshot(self) -> EngineStats:

@@ -19,16 +19,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache
 
 from engine.audit import AuditCapture
 from engine.constraint import Constraint
-from engine.requests import GenerationRequest, RequestHandle
+from engine.requests import GenerationRequest, PrefillDone, RequestHandle
 from engine.sampling import Sampler
 from engine.text import TextStream
-from hashing import BlockHash
+from hashing import BlockHash, Namespace
 from store.outcomes import MissReason
 
 
@@ -42,23 +43,35 @@ class State(Enum):
     FINISHED = auto()
 
 
+class LoadedPrefix(NamedTuple):
+    """A prompt's past as far as the cache served it (the lookup stage's outcome)."""
+
+    past: DynamicCache  # K/V of positions [0, cached_tokens); the sequence grows it in place
+    cached_tokens: int  # r in the diagram above
+    cached_blocks: int  # k
+    miss_reason: MissReason | None
+    tail_tokens: int = 0  # of cached_tokens, served by a tail (``hashing.tails``)
+    tail_hash: BlockHash | None = None  # that tail's
+
+
 @dataclass(eq=False)
 class Sequence:
-    """One request's state in the engine (owned by the engine's threads)."""
+    """One request's state in the engine (owned by the engine's threads).
+
+    Attributes:
+        namespace: the cache namespace of the request's tenant (``LoadedModel.namespace``).
+        prefix: what the lookup stage served (None until it ran, or when it failed: ``error``).
+    """
 
     request: GenerationRequest
     handle: RequestHandle
     sampler: Sampler
     text: TextStream
+    namespace: Namespace
     state: State = State.WAITING
     admitted: float = 0.0  # time.perf_counter() at admission
     buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-    past: DynamicCache | None = None  # K/V of every fed position
-    cached_tokens: int = 0  # r in the diagram above
-    cached_blocks: int = 0  # k
-    tail_tokens: int = 0  # of cached_tokens, served by a tail
-    tail_hash: BlockHash | None = None  # that tail's
-    miss_reason: MissReason | None = None
+    prefix: LoadedPrefix | None = None
     load_s: float = 0.0
     chunks: Iterator[torch.Tensor] | None = None  # the prefill's steps, made on the model thread
     generated: list[int] = field(default_factory=list)
@@ -72,6 +85,11 @@ class Sequence:
         return len(self.request.prompt_ids)
 
     @property
+    def past(self) -> DynamicCache | None:
+        """K/V of every fed position (the loaded prefix's past, grown), None before the lookup."""
+        return None if self.prefix is None else self.prefix.past
+
+    @property
     def fed(self) -> int:
         """Positions whose K/V are in the past (prompt, then every generated token but the last)."""
         return 0 if self.past is None else self.past.get_seq_length()
@@ -82,3 +100,16 @@ class Sequence:
 
     def admit(self) -> None:
         self.state, self.admitted = State.LOADING, time.perf_counter()
+
+    def prefill_done(self) -> PrefillDone:
+        """The event of its prompt computed (its prefix loaded): now is the prefill's end."""
+        assert self.prefix is not None, "the lookup stage has not run"
+        return PrefillDone(
+            prompt_tokens=self.n,
+            cached_tokens=self.prefix.cached_tokens,
+            cached_blocks=self.prefix.cached_blocks,
+            miss_reason=self.prefix.miss_reason,
+            load_s=self.load_s,
+            prefill_s=time.perf_counter() - self.admitted,
+            tail_tokens=self.prefix.tail_tokens,
+        )

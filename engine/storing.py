@@ -9,7 +9,6 @@ copies are fresh host tensors, and the cache stores them in the background (``Pr
 from __future__ import annotations
 
 from engine.kv import blocks_from_past, tail_from_past
-from engine.model.loading import LoadedModel
 from engine.sequence import Sequence
 from hashing import BLOCK_SIZE, num_full_blocks
 from store.interface import PrefixCache
@@ -18,8 +17,8 @@ from store.interface import PrefixCache
 class Storer:
     """Hands sequences' K/V to ``cache`` (None: ``--no-cache``, nothing is stored)."""
 
-    def __init__(self, loaded: LoadedModel, cache: PrefixCache | None) -> None:
-        self.loaded, self.cache = loaded, cache
+    def __init__(self, cache: PrefixCache | None) -> None:
+        self.cache = cache
 
     def store(self, seq: Sequence, token_ids: tuple[int, ...], first_block: int, end: int) -> None:
         """Blocks ``[first_block, end // 128)`` of ``token_ids`` (fed, so in the past), then the
@@ -34,8 +33,7 @@ class Storer:
             return
         assert seq.past is not None
         key, value = tail_from_past(seq.past, start, end)
-        namespace = self.loaded.namespace(seq.request.tenant)
-        self.cache.save_tail(namespace, token_ids[:end], key, value, seq.request.cache_ttl_s)
+        self.cache.save_tail(seq.namespace, token_ids[:end], key, value, seq.request.cache_ttl_s)
 
     def blocks(self, seq: Sequence, token_ids: tuple[int, ...], first_block: int, end_block: int) -> None:
         """Blocks ``[first_block, end_block)`` of ``token_ids``."""
@@ -43,6 +41,5 @@ class Storer:
             return
         assert seq.past is not None
         key, value = blocks_from_past(seq.past, first_block, end_block)
-        namespace = self.loaded.namespace(seq.request.tenant)
         ids = token_ids[: end_block * BLOCK_SIZE]
-        self.cache.save(namespace, ids, first_block, key, value, seq.request.cache_ttl_s)
+        self.cache.save(seq.namespace, ids, first_block, key, value, seq.request.cache_ttl_s)

@@ -31,6 +31,7 @@ from engine.decoding import Decoder, pick_decoder
 from engine.forward import use_batched_attention
 from engine.kernels.native import NativeDecoder
 from engine.model.loading import LoadedModel
+from engine.parts import ModelParts
 from engine.prefix_stage import PrefixLoader
 from engine.render_ahead import RenderAhead
 from engine.requests import Event, GenerationRequest, RequestHandle
@@ -99,9 +100,9 @@ class Engine:
     def _run(self, like: torch.Tensor) -> None:
         try:
             self.decoder = pick_decoder(self.loaded, like, self.decode_threads)
-            parts = (self.loaded, self.cache, self.buffers, self.decoder)
-            self.auditor = Auditor(*parts, self.audit_rate)
-            self.runner = Runner(*parts, self.auditor)
+            parts = ModelParts(self.loaded, self.cache, self.buffers, self.decoder)
+            self.auditor = Auditor(parts, self.audit_rate)
+            self.runner = Runner(parts, self.auditor)
             self.ahead = RenderAhead(self.loaded, self.loader, self.runner)
         except BaseException as exc:  # raised again by __init__
             self._failed = exc
@@ -143,7 +144,8 @@ class Engine:
         handle = RequestHandle(emit)
         sampler = Sampler(request.sampling, self.loaded.device)
         loaded = self.loaded
-        seq = Sequence(request, handle, sampler, TextStream(loaded.tokenizer, request.stop))
+        text = TextStream(loaded.tokenizer, request.stop)
+        seq = Sequence(request, handle, sampler, text, loaded.namespace(request.tenant))
         if request.grammar is not None:
             vocab = loaded.model.config.vocab_size
             seq.constraint = Constraint(loaded.tokenizer, vocab, request.grammar, loaded.eos_token_ids)

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.model.formats import DtypeChoice, WeightsChoice
 from proxy.env_names import PREFIX, unknown_variables, warn_once
 from proxy.setting_values import Bytes, key_file
+from store.block_format import BlockFormat
 from store.index.embedded.files import EMBEDDED_URL
 from store.index.redis.connect import SCHEMES, check_url, redact_url
 
@@ -183,16 +185,16 @@ class Settings(ServerSettings):
     no_render_ahead: bool = Field(
         False, description="Do not compute the start of a chat's next turn in idle time after each turn."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    dtype: DtypeChoice = Field(
         "auto",
         description="Activation and KV dtype; auto: float32, the exact mode.",
     )
-    block_format: Literal["exact", "bfloat16", "int8"] = Field(
+    block_format: BlockFormat = Field(
         "exact",
         description="How cached blocks are held at rest: exact (every bit, compressed losslessly), "
         "bfloat16 or int8 (lossy: fewer bytes, answers may differ; see the README's Formats).",
     )
-    weights: Literal["auto", "source", "full"] = Field(
+    weights: WeightsChoice = Field(
         "auto",
         description="What the decode step computes on: source (the GGUF file's own block codes, in "
         "float32) or full (the checkpoint's weights); auto: source where the model has a GGUF source, "

@@ -27,10 +27,9 @@ import blosc2
 import numpy as np
 import torch
 
+from store.block_format import BlockFormat
 from store.interface import KVBlock, KVSpec
 
-BLOCK_FORMATS = ("exact", "bfloat16", "int8")
-"""Block formats, the exact one first (the default)."""
 CODEC = "blosc2-zstd1-shuffle"
 """The lossless codec of every stored array (a blob's ``codec`` metadata)."""
 READ_THREADS = min(4, os.cpu_count() or 1)
@@ -41,7 +40,7 @@ class CodecError(ValueError):
     """Stored arrays that do not decode to the block they claim; the message says why."""
 
 
-def encode(key: torch.Tensor, value: torch.Tensor, block_format: str) -> dict[str, torch.Tensor]:
+def encode(key: torch.Tensor, value: torch.Tensor, block_format: BlockFormat) -> dict[str, torch.Tensor]:
     """The arrays (in ``shapes``'s order) storing ``key`` and ``value`` (``[num_layers,
     num_kv_heads, tokens, head_dim]``, on the CPU) in ``block_format``, unpacked (``compress``
     packs each)."""
@@ -56,7 +55,7 @@ def encode(key: torch.Tensor, value: torch.Tensor, block_format: str) -> dict[st
 
 
 def decode(
-    arrays: dict[str, torch.Tensor], block_format: str, dtype: torch.dtype
+    arrays: dict[str, torch.Tensor], block_format: BlockFormat, dtype: torch.dtype
 ) -> tuple[torch.Tensor, ...]:
     """``(key, value)`` in ``dtype`` from the arrays ``encode`` gave for ``block_format``."""
     if block_format == "int8":
@@ -72,7 +71,7 @@ def decode(
     return tuple(arrays[name].to(dtype) for name in ("key", "value"))
 
 
-def round_trip(key: torch.Tensor, value: torch.Tensor, block_format: str) -> tuple[torch.Tensor, ...]:
+def round_trip(key: torch.Tensor, value: torch.Tensor, block_format: BlockFormat) -> tuple[torch.Tensor, ...]:
     """``(key, value)`` as a block stored in ``block_format`` decodes (themselves when exact)."""
     if block_format == "exact":
         return key, value
@@ -91,7 +90,7 @@ def served(block: KVBlock, spec: KVSpec) -> KVBlock:
 
 
 def shapes(
-    block_format: str, layers: int, heads: int, tokens: int, dim: int, dtype: torch.dtype
+    block_format: BlockFormat, layers: int, heads: int, tokens: int, dim: int, dtype: torch.dtype
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of each array a block of ``block_format`` stores, in the order ``encode``
     gives them (the order a blob's checksum covers them in)."""

@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace
+from store.block_format import BlockFormat
 from store.outcomes import MissReason
 
 TtlPlan = int | Sequence[int | None] | None
@@ -42,7 +43,7 @@ class KVSpec:
         num_kv_heads: key/value heads per layer (after grouped-query sharing).
         head_dim: channels per head.
         dtype: torch dtype name of the model's K/V, e.g. ``"float32"`` (what a block decodes to).
-        block_format: how blocks are held at rest (``store.codec.BLOCK_FORMATS``): ``"exact"``, or
+        block_format: how blocks are held at rest (``store.block_format``): ``"exact"``, or
             a lossy format that is part of the namespace.
     """
 
@@ -50,7 +51,7 @@ class KVSpec:
     num_kv_heads: int
     head_dim: int
     dtype: str
-    block_format: str = "exact"
+    block_format: BlockFormat = "exact"
 
     @property
     def block_shape(self) -> tuple[int, int, int, int]:

@@ -175,7 +175,7 @@ def _verified(data: bytes, expected: dict[str, str], tokens: int, spec: KVSpec) 
     if version == "2" and metadata.get("codec") != codec.CODEC:
         raise BlockVerificationError(f"codec {metadata.get('codec')!r}, expected {codec.CODEC!r}")
     layers, heads, _, dim = spec.block_shape
-    wanted = codec.shapes(block_format, layers, heads, tokens, dim, spec.torch_dtype)
+    wanted = codec.shapes(spec.block_format, layers, heads, tokens, dim, spec.torch_dtype)
     if set(entries) != {*wanted, "token_ids"}:
         names = sorted({*wanted, "token_ids"})
         raise BlockVerificationError(f"tensors {sorted(entries)}, expected {names}")
@@ -186,7 +186,7 @@ def _verified(data: bytes, expected: dict[str, str], tokens: int, spec: KVSpec) 
         raise BlockVerificationError(str(exc)) from exc
     if metadata.get("checksum") != _checksum([*arrays.values(), token_ids]):
         raise BlockVerificationError("tensor bytes do not match their checksum (corrupt file)")
-    kv = codec.decode(arrays, block_format, spec.torch_dtype)
+    kv = codec.decode(arrays, spec.block_format, spec.torch_dtype)
     return {"key": kv[0], "value": kv[1], "token_ids": token_ids}
 
 

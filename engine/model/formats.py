@@ -16,18 +16,25 @@ namespace: K/V computed in one format is never reused in another.
 from __future__ import annotations
 
 import logging
-from typing import Literal, cast
+from typing import Literal, cast, get_args
 
 from engine.model.fetch import ModelError
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""The activations' and K/V's dtype (a torch dtype's name)."""
+DtypeChoice = Literal["auto", Dtype]
+"""``--dtype``: a dtype, or ``auto`` (float32)."""
 WeightFormat = Literal["source", "full"]
-WEIGHTS = ("auto", "source", "full")
+"""What the decode step computes on."""
+WeightsChoice = Literal["auto", WeightFormat]
+"""``--weights``: a weight format, or ``auto`` (``resolve_formats`` decides)."""
+DTYPES: tuple[DtypeChoice, ...] = get_args(DtypeChoice)
+WEIGHTS: tuple[WeightsChoice, ...] = get_args(WeightsChoice)
 
 
-def resolve_formats(dtype: str, weights: str, device: str, source: str | None) -> tuple[str, WeightFormat]:
+def resolve_formats(dtype: str, weights: str, device: str, source: str | None) -> tuple[Dtype, WeightFormat]:
     """``(dtype, weights)`` with ``auto`` decided: float32, and the source codes when
     ``source`` is None (the model has a GGUF source and a native step can be built), else full.
 
@@ -53,4 +60,4 @@ def resolve_formats(dtype: str, weights: str, device: str, source: str | None) -
         weights = "full" if blocker is not None else "source"
         if blocker is not None:
             log.info("weights: full (%s)", blocker)
-    return dtype, cast(WeightFormat, weights)
+    return cast(Dtype, dtype), cast(WeightFormat, weights)

@@ -24,10 +24,11 @@ from engine.kernels.build import load as load_kernels
 from engine.model.codes import Codes, source_codes
 from engine.model.convert import convert_gguf
 from engine.model.fetch import SOURCE_GGUF, ModelError
-from engine.model.formats import resolve_formats
+from engine.model.formats import Dtype, DtypeChoice, WeightsChoice, resolve_formats
 from engine.model.layers import describe, layer_windows, refusal
 from engine.model.resolve import model_fingerprint, resolve_model_dir
 from hashing import Namespace, NamespaceIdentity
+from store.block_format import BlockFormat
 from store.interface import KVSpec
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class LoadedModel:
         """What the layers attend to, e.g. ``"30 layers, full attention"`` (``engine.model.layers``)."""
         return describe(layer_windows(self.model.config))
 
-    def with_block_format(self, block_format: str) -> LoadedModel:
+    def with_block_format(self, block_format: BlockFormat) -> LoadedModel:
         """This model with its blocks held at rest in ``block_format`` (``store.codec``), part of
         its K/V's identity; a lossy format that is the model's own K/V dtype is exact."""
         block_format = "exact" if block_format == self.kv_spec.dtype else block_format
@@ -128,7 +129,12 @@ def _for_tenant(base: NamespaceIdentity, tenant: str) -> NamespaceIdentity:
 
 
 def load_model(
-    spec: str, *, cache_dir: Path, dtype: str = "auto", weights: str = "auto", device: str = "cpu"
+    spec: str,
+    *,
+    cache_dir: Path,
+    dtype: DtypeChoice = "auto",
+    weights: WeightsChoice = "auto",
+    device: str = "cpu",
 ) -> LoadedModel:
     """Resolve, load and check a model, in its formats (``engine.model.formats``).
 
@@ -222,7 +228,7 @@ def load_model_apart(spec: str, **options: Any) -> LoadedModel:
 
 
 @torch.inference_mode()
-def _probe_kv_spec(model: Any, dtype: str) -> KVSpec:
+def _probe_kv_spec(model: Any, dtype: Dtype) -> KVSpec:
     """Run one token and read the K/V layout off the cache the model returns.
 
     Raises:

@@ -4,20 +4,19 @@ the hot prefixes kept beside it.
 ``store.index.redis`` implements them on Redis (raising ``redis.RedisError`` for a fault, which
 the facade's guard turns into a miss) and ``store.index.memory`` in this process (``memory://``,
 and the tests' double of Redis, so a store story runs with no Redis at all). Each index hands out
-the counters and hot prefixes kept beside it (``shared_counters``, ``hot_prefixes``).
+the counters, hot prefixes and pins kept beside it (``shared_counters``, ``hot_prefixes``,
+``pins``: ``store.index.pins``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from hashing import BlockHash, Namespace
 from store.entries import IndexEntry
-
-if TYPE_CHECKING:
-    from store.index.retention import Pins
+from store.index.pins import Pins
 
 BUCKET_S = 10
 """Seconds per bucket of tokens queried and hit (hit-rate windows and timelines are sums of them)."""
@@ -121,7 +120,7 @@ class BlockIndex(Protocol):
     - ``missing`` and ``publish`` take a batch: one round trip however many blocks.
     - ``evict`` removes least recently used entries (the tail of a chain before its head) until
       at most ``max_bytes`` are accounted besides the pinned ones (``pins``:
-      ``store.index.retention.Pins``), which it never removes, a namespace holding more than
+      ``store.index.pins.Pins``), which it never removes, a namespace holding more than
       ``namespace_max_bytes`` of them (a tenant past its share) giving up its own first; evicting
       nothing is a no-op. It
       returns the members removed, whose blobs the caller deletes; so do ``reclaim`` and ``drop``.

@@ -152,7 +152,7 @@ def test_the_collector_prunes_expired_listings_no_lookup_reads(make) -> None:
     if isinstance(index, RedisIndex):
         assert not index.client.exists(index.keys.of(NS.hex(), "tails"))
     else:
-        assert index.tails == {}
+        assert index.tables.tails == {}
     assert index.num_blocks() == 0
 
 

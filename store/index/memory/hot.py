@@ -1,18 +1,15 @@
-"""Hot prefixes in this process (``memory://``), beside a ``MemoryIndex``: the contract of
+"""Hot prefixes in this process (``memory://``), on the index's ``MemoryTables``: the contract of
 ``store.index.base.HotPrefixes``."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hashing import BlockHash, Namespace
 from store.entries import member_name, parse_member
 from store.index.base import HOT_KEEP, HotPrefix
-
-if TYPE_CHECKING:
-    from store.index.memory.index import MemoryIndex
+from store.index.memory.tables import MemoryTables
 
 
 @dataclass
@@ -24,10 +21,10 @@ class _Tally:
 
 
 class MemoryHotPrefixes:
-    """``HotPrefixes`` in this process, beside a ``MemoryIndex`` (whose clock gives TTLs)."""
+    """``HotPrefixes`` in this process, beside the index whose ``tables`` give entries and TTLs."""
 
-    def __init__(self, index: MemoryIndex) -> None:
-        self.index = index
+    def __init__(self, tables: MemoryTables) -> None:
+        self.tables = tables
         self._tallies: dict[str, _Tally] = {}  # by the deepest block's member name
         self._lock = threading.Lock()
 
@@ -44,7 +41,7 @@ class MemoryHotPrefixes:
                 del self._tallies[member]
 
     def namespaces(self) -> list[str]:
-        return sorted({m.partition(":")[0] for batch in self.index.members() for m in batch})
+        return self.tables.namespaces()
 
     def top(self, namespace: Namespace | None, n: int) -> list[HotPrefix]:
         alive: list[HotPrefix] = []
@@ -53,7 +50,7 @@ class MemoryHotPrefixes:
                 ns = parse_member(member)[0]
                 if namespace is not None and ns != namespace:
                     continue
-                lease = self.index.lease(member)
+                lease = self.tables.lease(member)
                 if lease is None:
                     del self._tallies[member]
                     continue

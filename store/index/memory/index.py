@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +19,8 @@ from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Matched, Publication, Ta
 from store.index.memory.counters import MemoryCounters
 from store.index.memory.hot import MemoryHotPrefixes
 from store.index.memory.pins import MemoryPins
-from store.index.retention import PIN_OFFSET, class_counts, lru_offset
+from store.index.memory.tables import MemoryTables
+from store.index.retention import class_counts, lru_offset
 
 T = TypeVar("T")
 
@@ -29,49 +29,28 @@ MEMORY_URL = "memory://"
 
 
 def _locked(method: Callable[..., T]) -> Callable[..., T]:
-    """Run ``method`` under the index's lock."""
+    """Run ``method`` under the tables' lock."""
 
     @functools.wraps(method)
     def locked(self: MemoryIndex, *args: Any, **kwargs: Any) -> T:
-        with self._lock:
+        with self.tables.lock:
             return method(self, *args, **kwargs)
 
     return locked
 
 
 class MemoryIndex:
-    """``store.index.base.BlockIndex`` in memory, with TTLs on ``clock`` (thread-safe: one lock makes
-    each method atomic, as a Lua script is in Redis)."""
+    """``store.index.base.BlockIndex`` in memory, with TTLs on ``clock`` (thread-safe: the tables'
+    lock makes each method atomic, as a Lua script is in Redis). Its pins and hot prefixes share
+    its ``tables`` (``store.index.memory.tables``)."""
 
     key_prefix = "memory:"
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock
-        self.entries_: dict[str, tuple[IndexEntry, float]] = {}  # member -> (entry, expires at)
-        self.lru: dict[str, float] = {}  # member -> score (older first out)
-        self.sizes: dict[str, int] = {}
-        self.seen: set[str] = set()
-        self.parents: dict[str, str] = {}  # member -> parent member ("" for block 0)
-        # (namespace, tip or None) -> {tail hash: (listing, expires at)}
-        self.tails: dict[tuple[Namespace, BlockHash | None], dict[BlockHash, tuple[TailListing, float]]] = {}
-        self.pinned: dict[str, int] = {}  # member -> named caches pinning it (store.index.redis.pins)
-        self.pins = MemoryPins(self)
+        self.tables = MemoryTables(clock)
+        self.pins = MemoryPins(self.tables)
         self.counters = MemoryCounters(clock)
-        self.hot = MemoryHotPrefixes(self)
-        self._lock = threading.RLock()
-
-    @_locked
-    def lease(self, member: str) -> tuple[IndexEntry, float] | None:
-        """``member``'s entry and the seconds it has left, or None when it is gone."""
-        entry = self._entry(member)
-        return None if entry is None else (entry, self.entries_[member][1] - self.clock())
-
-    def _entry(self, member: str) -> IndexEntry | None:
-        found = self.entries_.get(member)
-        if found is None or found[1] <= self.clock():
-            self.entries_.pop(member, None)
-            return None
-        return found[0]
+        self.hot = MemoryHotPrefixes(self.tables)
 
     @_locked
     def match(
@@ -81,21 +60,22 @@ class MemoryIndex:
         ttls: Sequence[int],
         candidates: Sequence[BlockHash] = (),
     ) -> Matched:
+        t = self.tables
         out: list[IndexEntry] = []
         seen = False
         for i, h in enumerate(hashes):
             member = member_name(namespace, h)
-            entry = self._entry(member)
+            entry = t.entry(member)
             if entry is None:
-                seen = member in self.seen
+                seen = member in t.seen
                 break
-            expires = max(self.entries_[member][1], self.clock() + ttls[i])
-            self.entries_[member] = (entry, expires)
-            self.lru[member] = self.clock() - i * 1e-6 + self._offset(member, expires)
+            expires = max(t.entries[member][1], t.clock() + ttls[i])
+            t.entries[member] = (entry, expires)
+            t.lru[member] = t.clock() - i * 1e-6 + t.offset(member, expires)
             out.append(entry)
         tip = hashes[len(out) - 1] if out else None
         listed = [listing for listing, _ in self._tails(namespace, tip).values()]
-        present = [j for j, h in enumerate(candidates, 1) if self._entry(member_name(namespace, h))]
+        present = [j for j, h in enumerate(candidates, 1) if t.entry(member_name(namespace, h))]
         candidate = max(present, default=0) if len(out) == len(hashes) else 0
         return Matched(out, seen, listed, candidate)
 
@@ -103,8 +83,9 @@ class MemoryIndex:
         self, namespace: Namespace, tip: BlockHash | None
     ) -> dict[BlockHash, tuple[TailListing, float]]:
         """The live tails after ``tip``, those expired dropped."""
-        listed = self.tails.get((namespace, tip), {})
-        for h in [h for h, (_, expires) in listed.items() if expires <= self.clock()]:
+        t = self.tables
+        listed = t.tails.get((namespace, tip), {})
+        for h in [h for h, (_, expires) in listed.items() if expires <= t.clock()]:
             del listed[h]
         return listed
 
@@ -112,42 +93,45 @@ class MemoryIndex:
     def touch(
         self, namespace: Namespace, tip: BlockHash | None, tail_hash: BlockHash, ttl_s: int, position: int
     ) -> None:
+        t = self.tables
         member = member_name(namespace, tail_hash)
-        entry = self._entry(member)
+        entry = t.entry(member)
         if entry is None:
             return
-        expires = max(self.entries_[member][1], self.clock() + ttl_s)
-        self.entries_[member] = (entry, expires)
-        self.lru[member] = self.clock() - TAIL_AGE_S - position * 1e-6 + lru_offset(expires - self.clock())
+        expires = max(t.entries[member][1], t.clock() + ttl_s)
+        t.entries[member] = (entry, expires)
+        t.lru[member] = t.clock() - TAIL_AGE_S - position * 1e-6 + lru_offset(expires - t.clock())
         listed = self._tails(namespace, tip)
         if tail_hash in listed:
             listed[tail_hash] = (listed[tail_hash][0], expires)
 
     @_locked
     def missing(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> list[bool]:
-        return [self._entry(member_name(namespace, h)) is None for h in hashes]
+        return [self.tables.entry(member_name(namespace, h)) is None for h in hashes]
 
     @_locked
     def publish(self, namespace: Namespace, blocks: Sequence[Publication]) -> int:
+        t = self.tables
         for b in blocks:
             member = member_name(namespace, b.block_hash)
-            if self._entry(member) is None:
-                self.entries_[member] = (b.entry, self.clock() + b.ttl_s)
+            if t.entry(member) is None:
+                t.entries[member] = (b.entry, t.clock() + b.ttl_s)
                 age = (TAIL_AGE_S if b.entry.tail else 0) + b.position * 1e-6
-                self.lru[member] = b.used_at - age + self._offset(member, self.clock() + b.ttl_s)
-                self.sizes.setdefault(member, b.entry.size)
+                t.lru[member] = b.used_at - age + t.offset(member, t.clock() + b.ttl_s)
+                t.sizes.setdefault(member, b.entry.size)
                 if b.entry.tail:
                     self._list_tail(namespace, b)
                     continue
-                self.seen.add(member)
-                self.parents[member] = member_name(namespace, b.parent) if b.parent is not None else ""
+                t.seen.add(member)
+                t.parents[member] = member_name(namespace, b.parent) if b.parent is not None else ""
         return self.total_bytes()
 
     def _list_tail(self, namespace: Namespace, b: Publication) -> None:
-        listed = self.tails.setdefault((namespace, b.parent), {})
+        t = self.tables
+        listed = t.tails.setdefault((namespace, b.parent), {})
         self._tails(namespace, b.parent)
         listing = TailListing(b.block_hash, b.entry.tail, b.short_hash)
-        listed[b.block_hash] = (listing, self.clock() + b.ttl_s)
+        listed[b.block_hash] = (listing, t.clock() + b.ttl_s)
         for h, _ in sorted(listed.items(), key=lambda item: item[1][1])[
             : max(0, len(listed) - TAILS_PER_TIP)
         ]:
@@ -155,94 +139,98 @@ class MemoryIndex:
 
     @_locked
     def prune_tails(self) -> None:
-        for namespace, tip in list(self.tails):
+        t = self.tables
+        for namespace, tip in list(t.tails):
             if not self._tails(namespace, tip):
-                del self.tails[(namespace, tip)]
-
-    def _offset(self, member: str, expires: float) -> float:
-        return PIN_OFFSET if member in self.pinned else lru_offset(expires - self.clock())
+                del t.tails[(namespace, tip)]
 
     @_locked
     def evict(self, max_bytes: int, namespace_max_bytes: int | None = None) -> list[str]:
+        t = self.tables
         evicted = []
-        unpinned = {m: score for m, score in self.lru.items() if m not in self.pinned}
+        unpinned = {m: score for m, score in t.lru.items() if m not in t.pinned}
         held = Counter[str]()
         for member in unpinned:
-            held[member.partition(":")[0]] += self.sizes.get(member, 0)
+            held[member.partition(":")[0]] += t.sizes.get(member, 0)
         while self.total_bytes() - self.pins.pinned_bytes() > max_bytes and unpinned:
             ns, most = held.most_common(1)[0]
             past = namespace_max_bytes is not None and most > namespace_max_bytes
             candidates = (m for m in unpinned if not past or m.startswith(ns + ":"))
             member = min(candidates, key=unpinned.__getitem__)
             del unpinned[member]
-            held[member.partition(":")[0]] -= self.sizes.get(member, 0)
+            held[member.partition(":")[0]] -= t.sizes.get(member, 0)
             self._forget(member)
             evicted.append(member)
         return evicted
 
     @_locked
     def reclaim(self, members: Sequence[str], *, force: bool) -> list[str]:
-        removed = [m for m in members if force or self._entry(m) is None]
+        removed = [m for m in members if force or self.tables.entry(m) is None]
         for member in removed:
             self._forget(member)
         return removed
 
     @_locked
     def promote(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> None:
+        t = self.tables
         for h in hashes:
             member = member_name(namespace, h)
-            if self._entry(member) is not None:
-                entry, expires = self.entries_[member]
-                self.entries_[member] = (dataclasses.replace(entry, imported=False), expires)
+            if t.entry(member) is not None:
+                entry, expires = t.entries[member]
+                t.entries[member] = (dataclasses.replace(entry, imported=False), expires)
 
     def drop(self, namespace: Namespace, block_hash: BlockHash) -> None:
         self.reclaim([member_name(namespace, block_hash)], force=True)
 
     def _forget(self, member: str) -> None:
-        found = self.entries_.get(member)
+        t = self.tables
+        found = t.entries.get(member)
         if found is not None and found[0].tail:
             namespace, tail_hash = parse_member(member)
             tip = BlockHash(bytes.fromhex(found[0].parent)) if found[0].parent else None
-            self.tails.get((namespace, tip), {}).pop(tail_hash, None)
-        self.entries_.pop(member, None)
-        self.lru.pop(member, None)
-        self.sizes.pop(member, None)
-        self.pinned.pop(member, None)
+            t.tails.get((namespace, tip), {}).pop(tail_hash, None)
+        t.entries.pop(member, None)
+        t.lru.pop(member, None)
+        t.sizes.pop(member, None)
+        t.pinned.pop(member, None)
 
     def members(self, batch: int = 1000, namespace: Namespace | None = None) -> Iterator[list[str]]:
-        with self._lock:
-            members = [m for m in self.lru if namespace is None or m.startswith(f"{namespace.hex()}:")]
+        t = self.tables
+        with t.lock:
+            members = [m for m in t.lru if namespace is None or m.startswith(f"{namespace.hex()}:")]
         for start in range(0, len(members), batch):
             yield members[start : start + batch]
 
     @_locked
     def entries(self, members: Sequence[str]) -> list[IndexEntry | None]:
-        return [self._entry(m) for m in members]
+        return [self.tables.entry(m) for m in members]
 
     @_locked
     def known(self, members: Sequence[str]) -> list[bool]:
-        return [m in self.sizes for m in members]
+        return [m in self.tables.sizes for m in members]
 
     @_locked
     def children(self, namespace: Namespace, parent: BlockHash | None) -> list[BlockHash]:
+        t = self.tables
         want = member_name(namespace, parent) if parent is not None else ""
         return [
             parse_member(m)[1]
-            for m, p in self.parents.items()
-            if p == want and parse_member(m)[0] == namespace and self._entry(m) is not None
+            for m, p in t.parents.items()
+            if p == want and parse_member(m)[0] == namespace and t.entry(m) is not None
         ]
 
     @_locked
     def total_bytes(self) -> int:
-        return sum(self.sizes.values())
+        return sum(self.tables.sizes.values())
 
     @_locked
     def num_blocks(self) -> int:
-        return len(self.lru)
+        return len(self.tables.lru)
 
     @_locked
     def retention_counts(self) -> list[int]:
-        return class_counts(self.lru.values(), self.clock())
+        t = self.tables
+        return class_counts(t.lru.values(), t.clock())
 
     def ping(self) -> None:
         return None

@@ -28,8 +28,9 @@ from store.index.redis.counters import SharedCounters
 from store.index.redis.hot import RedisHotPrefixes
 from store.index.redis.keys import IndexKeys
 from store.index.redis.pins import RedisPins
+from store.index.redis.retention import sorted_set_counts
 from store.index.redis.tails import TailListings, parse_match
-from store.index.retention import pinned_floor, sorted_set_counts
+from store.index.retention import pinned_floor
 
 SEEN_TTL_S = 7 * 86_400
 """Seconds a "seen" marker outlives its block: long enough to tell "expired" from "never seen"."""

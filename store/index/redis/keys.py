@@ -16,7 +16,7 @@ the cluster's nodes. A block's *member* name is ``{ns_hex}:b:{hash_hex}`` (no br
     ``{prefix}{{ns}}:tails``     hash: tip hex (or ``root``) -> JSON list of the tails after it,
                                  ``[hash hex, tokens, short hash hex, expires at]`` (a tail's own
                                  entry is a ``b:`` key like a block's, with ``"tail"``: its tokens)
-    ``{prefix}{{ns}}:pins``      hash: member -> how many named caches pin it (``store.named``)
+    ``{prefix}{{ns}}:pins``      hash: member -> how many named caches pin it (``store.index.pins``)
     ``{prefix}{{ns}}:pinned``    the sum of the pinned members' ``sizes`` (their own budget)
     ``{prefix}namespaces``       set of every namespace that ever published (for the global totals)
     ``{prefix}{{ns}}:hot``, ``:hot:hits``, ``:hot:root``  the namespace's hot prefixes: a sorted

@@ -1,5 +1,5 @@
-"""Pinned blocks in Redis: the blocks of named caches (``store.named``), which the byte budget
-never evicts (``store.index.retention.PINNED``).
+"""Pinned blocks in Redis (``store.index.pins``): the blocks of named caches, which the byte
+budget never evicts (``store.index.retention.PINNED``).
 
 A namespace's ``pins`` hash counts the named caches pinning each member; ``pinned`` sums the
 ``sizes`` of the members it lists (the pinned budget's bytes, which the LRU budget leaves out).
@@ -19,8 +19,9 @@ import redis
 
 from hashing import BlockHash, Namespace
 from store.entries import member_name
+from store.index.pins import Pinning
 from store.index.redis.keys import IndexKeys
-from store.index.retention import RETENTION, Pinning
+from store.index.redis.retention import RETENTION
 
 # PIN: pin every block of a chain, those not stored yet included (PUBLISH pins them as they come).
 #   KEYS[1] LRU   KEYS[2] sizes   KEYS[3] pins   KEYS[4] pinned bytes   KEYS[4 + i] block i's entry
@@ -83,7 +84,7 @@ class RedisPins:
         return [lru, sizes, *self.keys.pins(ns), *(self.keys.block(namespace, h) for h in hashes)]
 
     def pin(self, namespace: Namespace, hashes: Sequence[BlockHash], ttl_s: int) -> Pinning:
-        """Pin the blocks ``hashes`` (``store.index.retention.Pins.pin``)."""
+        """Pin the blocks ``hashes`` (``store.index.pins.Pins.pin``)."""
         members = [member_name(namespace, h) for h in hashes]
         found = self._pin(keys=self._keys(namespace, hashes), args=[time.time(), ttl_s, *members])
         return Pinning(*(int(x) for x in found))

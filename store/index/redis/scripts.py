@@ -19,7 +19,7 @@ from hashing import BlockHash, Namespace
 from store.entries import member_name
 from store.index.base import TAIL_AGE_S, TAILS_PER_TIP, Publication
 from store.index.redis.keys import IndexKeys
-from store.index.retention import RETENTION
+from store.index.redis.retention import RETENTION
 
 # Tails (``hashing.tails``) are listed in one hash per namespace, the "tails" key: field = the
 # tip's hex hash (``root`` for the namespace root) -> JSON list of [tail hex, length, short hex

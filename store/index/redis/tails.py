@@ -17,7 +17,7 @@ from store.entries import IndexEntry, member_name
 from store.index.base import TAIL_AGE_S, Matched, TailListing
 from store.index.redis import scripts
 from store.index.redis.keys import IndexKeys
-from store.index.retention import RETENTION
+from store.index.redis.retention import RETENTION
 
 PRUNE_BATCH = 64
 """Tips one PRUNE call looks at."""

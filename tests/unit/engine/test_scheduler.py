@@ -10,11 +10,15 @@ from engine.requests import EngineBusy, Finished, GenerationRequest, RequestHand
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler, Step
 from engine.sequence import Sequence, State
+from hashing import Namespace
+
+NS = Namespace(bytes(16))
 
 
 def seq(events: list | None = None) -> Sequence:
     handle = RequestHandle((events if events is not None else []).append)
-    return Sequence(GenerationRequest((1, 2, 3), 4), handle, Sampler(SamplingParams()), text=None)  # type: ignore[arg-type]
+    request = GenerationRequest((1, 2, 3), 4)
+    return Sequence(request, handle, Sampler(SamplingParams()), text=None, namespace=NS)  # type: ignore[arg-type]
 
 
 def load_into(scheduler: Scheduler, admitted: list[Sequence]):

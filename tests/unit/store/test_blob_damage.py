@@ -115,12 +115,12 @@ def test_anything_but_a_regular_file_is_damage_dropped_then_stored_again(clock, 
     served = 0 if kind == "namespace-dir-is-a-file" else 1
     assert (match.num_blocks, match.miss_reason) == (served, MissReason.FAILED_VERIFICATION)
     assert cache.admin.stats().verification_failures == 1 and cache.admin.stats().read_errors == 0
-    assert member_name(NS, HASHES[served]) not in index.lru
+    assert member_name(NS, HASHES[served]) not in index.tables.lru
     assert not os.path.lexists(blobs.path(NS, HASHES[served]))
 
     # NOTE: without its namespace's directory every blob is gone: the entries after the damaged
     # block went with it, so the one save of the request that met it stores them all again
-    assert all(member_name(NS, h) not in index.lru for h in HASHES[served:])
+    assert all(member_name(NS, h) not in index.tables.lru for h in HASHES[served:])
     stored(cache)
     assert cache.lookup(NS, IDS).num_blocks == 3
     cache.admin.gc(grace_s=0)  # the collector copes with what was left around
@@ -159,7 +159,7 @@ def test_a_huge_file_in_a_blobs_place_is_refused_unread(clock, tmp_path) -> None
         tracemalloc.stop()
     assert peak < HUGE // 10 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss < HUGE // 2
     assert (match.num_blocks, match.miss_reason) == (1, MissReason.FAILED_VERIFICATION)
-    assert member_name(NS, HASHES[1]) not in index.lru and not blobs.exists(NS, HASHES[1])
+    assert member_name(NS, HASHES[1]) not in index.tables.lru and not blobs.exists(NS, HASHES[1])
     stored(cache)
     assert cache.lookup(NS, IDS).num_blocks == 3
 

@@ -11,12 +11,13 @@ import torch
 
 from hashing import BLOCK_SIZE
 from store import codec
+from store.block_format import BLOCK_FORMATS
 from store.interface import KVBlock
 from store.serde import BlockVerificationError, decode_block, encode_block
 from tests.helpers import SPEC, as_version_1
 from tests.unit.store.test_serde import HASHES, IDS, NS, block
 
-FORMATS = {name: dataclasses.replace(SPEC, block_format=name) for name in codec.BLOCK_FORMATS}
+FORMATS = {name: dataclasses.replace(SPEC, block_format=name) for name in BLOCK_FORMATS}
 
 
 def decode(data: bytes, spec=SPEC) -> KVBlock:  # type: ignore[no-untyped-def]
@@ -36,14 +37,14 @@ def test_a_version_1_blob_is_read_as_the_same_exact_block() -> None:
             decode(old, FORMATS[name])
 
 
-@pytest.mark.parametrize("name", codec.BLOCK_FORMATS)
+@pytest.mark.parametrize("name", BLOCK_FORMATS)
 def test_each_format_decodes_to_its_round_trip_and_is_never_read_as_another(name: str) -> None:
     spec, original = FORMATS[name], block()
     back = decode(encode_block(original, NS, HASHES[0], spec), spec)
     key, value = codec.round_trip(original.key, original.value, name)
     assert torch.equal(back.key, key) and torch.equal(back.value, value)
     assert back.key.dtype == torch.float32 and back.key.shape == original.key.shape
-    for other in codec.BLOCK_FORMATS:
+    for other in BLOCK_FORMATS:
         if other != name:
             with pytest.raises(BlockVerificationError, match="format"):
                 decode(encode_block(original, NS, HASHES[0], spec), FORMATS[other])

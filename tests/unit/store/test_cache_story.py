@@ -167,7 +167,7 @@ def test_the_collector_reclaims_expired_orphaned_and_unindexed_blocks(clock, tmp
     index, blobs = MemoryIndex(clock), FileBlobStore(tmp_path)
     cache = cache_on(index, blobs)
     stored(cache)
-    index.entries_.pop(member_name(NS, HASHES[0]))  # as if its TTL ran out
+    index.tables.entries.pop(member_name(NS, HASHES[0]))  # as if its TTL ran out
     assert blobs.write(NS, b"\x01" * 16, b"not indexed")  # a file no entry accounts for
     found = cache.admin.gc(grace_s=0)
     assert (found.expired, found.orphans, found.unindexed_blobs) == (1, 2, 1)
@@ -199,7 +199,7 @@ def test_a_failed_read_is_a_miss_that_keeps_the_blob(clock, tmp_path) -> None:
     match = cache.lookup(NS, IDS)
     assert (match.num_blocks, match.miss_reason) == (1, MissReason.READ_FAILED)
     assert cache.admin.stats().read_errors == 1 and cache.admin.stats().verification_failures == 0
-    assert blobs.exists(NS, HASHES[1]) and member_name(NS, HASHES[1]) in index.lru
+    assert blobs.exists(NS, HASHES[1]) and member_name(NS, HASHES[1]) in index.tables.lru
     blobs.failing.clear()
     assert cache.lookup(NS, IDS).num_blocks == 3
 
