@@ -16,10 +16,20 @@ from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from engine.worker import Engine
 from hashing import Namespace
-from proxy.http.auth import DEFAULT_TENANT, get_tenant, is_admin, reads_own_text, require_operator
+from proxy.http.auth import (
+    DEFAULT_TENANT,
+    ApiKeys,
+    ApiKeysDep,
+    get_tenant,
+    is_admin,
+    reads_own_text,
+    require_operator,
+)
 from proxy.observe import panels
-from proxy.state import CacheDep, EngineDep, MetricsDep
+from proxy.observe.deps import MetricsDep, UsageDep
+from proxy.state import CacheDep, EngineDep, SettingsDep
 
 router = APIRouter()
 
@@ -30,19 +40,21 @@ async def metrics(m: MetricsDep) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def stats_scope(request: Request, engine: EngineDep) -> Namespace | None:
+def stats_scope(request: Request, engine: EngineDep, api_keys: ApiKeysDep) -> Namespace | None:
     """None (everything) without API keys or for the admin key; else the caller's namespace."""
-    if request.app.state.api_keys is None or is_admin(request):
+    if api_keys is None or is_admin(request):
         return None
     return engine.loaded.namespace(get_tenant(request))
 
 
-def viewer(request: Request, scope: Namespace | None, engine: EngineDep) -> Namespace | None:
+def viewer(
+    request: Request, scope: Namespace | None, engine: Engine, api_keys: ApiKeys | None
+) -> Namespace | None:
     """The namespace whose prompts the caller may read: a tenant's own; without API keys, the one
     tenant's, for the admin key or, on a server with no key at all, for anyone; none for the admin
     key among API keys (it names an operator, not a tenant), and never for a client without a key
     on a server that has one."""
-    if request.app.state.api_keys is not None:
+    if api_keys is not None:
         return scope
     return engine.loaded.namespace(DEFAULT_TENANT) if reads_own_text(request) else None
 
@@ -54,6 +66,9 @@ async def stats(
     m: MetricsDep,
     cache: CacheDep,
     engine: EngineDep,
+    settings: SettingsDep,
+    usage: UsageDep,
+    api_keys: ApiKeysDep,
 ) -> dict[str, Any]:
     """Totals for the deployment (from Redis: every replica adds up) and for this process, hit
     rates over the last minute and hour, TTFT by cache outcome, evictions, recent misses; and the
@@ -91,16 +106,15 @@ async def stats(
     if cache is not None:
         out["deployment"] = await run_in_threadpool(cache.deployment_stats, scope)
         out["timeline"] = await run_in_threadpool(cache.timeline, scope)
-        api_keys, loaded = request.app.state.api_keys, engine.loaded
-        readable = viewer(request, scope, engine)
+        loaded, readable = engine.loaded, viewer(request, scope, engine, api_keys)
         out["hot_prefixes"] = await run_in_threadpool(
             panels.hot_prefixes, cache, loaded, scope, readable, api_keys
         )
         if scope is None:
             if out["deployment"] is not None:
-                out["deployment"]["max_pinned_bytes"] = request.app.state.settings.max_pinned_bytes
+                out["deployment"]["max_pinned_bytes"] = settings.max_pinned_bytes
             out["process"]["evictions"] = cache.stats().evictions
-            out["usage"] = request.app.state.usage.points()
+            out["usage"] = usage.points()
             out["tenants"] = await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys)
     return out
 
