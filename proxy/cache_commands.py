@@ -215,7 +215,7 @@ def cache_stats(**flags: Any) -> None:
     stats = open_admin(**flags)[1].deployment_stats()
     if stats is None:  # NOTE: Redis answered the ping but not the counters (a cluster node is down)
         fail("the deployment's counters could not be read from Redis")
-    click.echo(json.dumps(stats, indent=2, sort_keys=True))
+    click.echo(json.dumps(stats.as_dict(), indent=2, sort_keys=True))
 
 
 @cache.command("gc")

@@ -29,7 +29,8 @@ async def cache_stats(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
     deployment = None
     if cache is not None:
         process["cache"] = cache.stats().as_dict()
-        deployment = await run_in_threadpool(cache.deployment_stats)
+        found = await run_in_threadpool(cache.deployment_stats)
+        deployment = found.as_dict() if found is not None else None
     return {"deployment": deployment, "process": process}
 
 

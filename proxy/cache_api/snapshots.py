@@ -75,13 +75,11 @@ async def export(
     except StoreUnavailable as exc:
         out.close()
         raise OpenAIError.cache_unavailable(f": {exc}") from exc
-    if not manifest["blocks"]:
+    if not manifest.blocks:
         out.close()
         what = "the prompts" if prompts is not None else f"tenant {body.tenant!r}"
         why = (
-            f" ({manifest['skipped']} indexed blocks could not be read or verified)"
-            if manifest["skipped"]
-            else ""
+            f" ({manifest.skipped} indexed blocks could not be read or verified)" if manifest.skipped else ""
         )
         raise OpenAIError(404, f"nothing to export: no cached block of {what}{why}", code="nothing_cached")
     out.seek(0)
@@ -93,8 +91,8 @@ async def export(
 
     headers = {
         "Content-Disposition": 'attachment; filename="kvproxy-snapshot.tar"',
-        "X-Kvproxy-Blocks": str(len(manifest["blocks"])),
-        "X-Kvproxy-Skipped": str(manifest["skipped"]),
+        "X-Kvproxy-Blocks": str(len(manifest.blocks)),
+        "X-Kvproxy-Skipped": str(manifest.skipped),
     }
     return StreamingResponse(chunks(), media_type="application/x-tar", headers=headers)
 

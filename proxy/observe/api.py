@@ -8,8 +8,10 @@ browsers never send to the server).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict
 from importlib import resources
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import HTMLResponse
@@ -30,6 +32,9 @@ from proxy.http.auth import (
 from proxy.observe import panels
 from proxy.observe.deps import MetricsDep, UsageDep
 from proxy.state import CacheDep, EngineDep, SettingsDep
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 router = APIRouter()
 
@@ -92,11 +97,12 @@ async def stats(
 
     Each is None when the cache is off, out of scope, or (read from Redis) Redis does not answer.
     """
+    namespace_hex = scope.hex() if scope is not None else None
     out: dict[str, Any] = {
         "scope": "deployment" if scope is None else "tenant",
         "cache": "disabled" if cache is None else await run_in_threadpool(cache.health),
-        "process": m.log.summary(scope.hex() if scope is not None else None),
-        "audit": m.audits.summary(scope.hex() if scope is not None else None),
+        "process": asdict(m.log.summary(namespace_hex)),
+        "audit": asdict(m.audits.summary(namespace_hex)),
         "deployment": None,
         "timeline": None,
         "usage": None,
@@ -104,19 +110,24 @@ async def stats(
         "tenants": None,
     }
     if cache is not None:
-        out["deployment"] = await run_in_threadpool(cache.deployment_stats, scope)
-        out["timeline"] = await run_in_threadpool(cache.timeline, scope)
+        deployment = await run_in_threadpool(cache.deployment_stats, scope)
+        out["deployment"] = deployment.as_dict() if deployment is not None else None
+        out["timeline"] = _rows(await run_in_threadpool(cache.timeline, scope))
         loaded, readable = engine.loaded, viewer(request, scope, engine, api_keys)
-        out["hot_prefixes"] = await run_in_threadpool(
-            panels.hot_prefixes, cache, loaded, scope, readable, api_keys
-        )
+        hot = await run_in_threadpool(panels.hot_prefixes, cache, loaded, scope, readable, api_keys)
+        out["hot_prefixes"] = _rows(hot)
         if scope is None:
             if out["deployment"] is not None:
                 out["deployment"]["max_pinned_bytes"] = settings.max_pinned_bytes
             out["process"]["evictions"] = cache.stats().evictions
-            out["usage"] = usage.points()
-            out["tenants"] = await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys)
+            out["usage"] = _rows(usage.points())
+            out["tenants"] = _rows(await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys))
     return out
+
+
+def _rows(rows: Sequence[DataclassInstance] | None) -> list[dict[str, Any]] | None:
+    """Typed rows as JSON objects (their fields in order); None stays None."""
+    return None if rows is None else [asdict(r) for r in rows]
 
 
 @router.get("/dashboard", response_class=HTMLResponse)
