@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import xxhash
 
@@ -71,13 +71,13 @@ class NamespaceIdentity:
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return Namespace(xxhash.xxh3_128_digest(canonical.encode("utf-8")))
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, str | int]:
         """The identity as a snapshot manifest writes it: every field (``format_version`` as
         ``block_format_version``) and ``namespace``, the digest in hex."""
         fields = {MANIFEST_NAMES.get(k, k): v for k, v in dataclasses.asdict(self).items()}
         return fields | {"namespace": self.digest().hex()}
 
-    def differs_from(self, manifest: dict[str, Any]) -> str | None:
+    def differs_from(self, manifest: Mapping[str, object]) -> str | None:
         """The first manifest field whose value (or type) differs from this identity's, or None
         when the manifest's identity is this one (``namespace`` is compared last: its digest)."""
         mine = self.manifest()

@@ -26,15 +26,13 @@ from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
 from proxy.index_place import with_index
 from proxy.named.lifecycle import sweep_forever
-from proxy.named.service import open_named
 from proxy.observe import api as observe_api
 from proxy.observe import health
 from proxy.observe.metrics import Metrics, RequestMetrics
 from proxy.observe.usage import UsageHistory
 from proxy.openai import chat, completions, models, tokenize
 from proxy.responses import routes as responses
-from proxy.responses.state import open_responses
-from proxy.stores import open_cache
+from proxy.stores import open_cache, open_named, open_responses
 from store.index.redis.connect import redact_url
 
 log = logging.getLogger(__name__)

@@ -215,7 +215,7 @@ def cache_stats(**flags: Any) -> None:
     stats = open_admin(**flags)[1].deployment_stats()
     if stats is None:  # NOTE: Redis answered the ping but not the counters (a cluster node is down)
         fail("the deployment's counters could not be read from Redis")
-    click.echo(json.dumps(stats, indent=2, sort_keys=True))
+    click.echo(json.dumps(stats.as_dict(), indent=2, sort_keys=True))
 
 
 @cache.command("gc")
@@ -239,12 +239,13 @@ def cache_clear(namespace: str | None, **flags: Any) -> None:
     """Remove every cached block, or one namespace's, and the named caches they held."""
     if namespace is not None and not re.fullmatch(r"[0-9a-f]{32}", namespace):
         raise click.BadParameter("a namespace is 32 lowercase hex digits", param_hint="--namespace")
-    from proxy.named import lifecycle, service
+    from proxy.named.lifecycle import forget_cleared
+    from proxy.stores import open_named
 
     try:
         settings, admin = open_admin(**flags)
         removed = admin.clear(namespace)
-        named = lifecycle.forget_cleared(service.open_named(settings), namespace)
+        named = forget_cleared(open_named(settings), namespace)
     except OSError as exc:
         fail(f"the blob store failed while clearing: {exc}")
     except StoreUnavailable:

@@ -19,6 +19,7 @@ from proxy.setting_values import Bytes, key_file
 from store.block_format import BlockFormat
 from store.index.embedded.files import EMBEDDED_URL
 from store.index.redis.connect import SCHEMES, check_url, redact_url
+from store.index.redis.faults import RedisPlace
 
 
 def default_cache_dir() -> Path:
@@ -290,6 +291,24 @@ class Settings(ServerSettings):
         if self.blob_url is not None and self.blob_url.startswith("s3:"):
             return self.blob_url
         return self.blob_root.absolute().as_uri()
+
+
+STATE_TIMEOUT_S = 2.0
+"""The least time a Redis operation on stored responses or named caches may take: they are state,
+not cache, so a slow Redis delays them rather than losing them (the cache's ``--redis-timeout``
+may be 0.25 s)."""
+
+
+def state_timeout(settings: Settings) -> float:
+    """Seconds a Redis operation on stored responses or named caches may take."""
+    return max(settings.redis_timeout, STATE_TIMEOUT_S)
+
+
+def state_place(settings: Settings) -> RedisPlace:
+    """The Redis of stored responses and named caches as their warnings name it: its URL and their
+    own timeout (``state_timeout``)."""
+    longer = f"--redis-timeout or {STATE_TIMEOUT_S:g} s if longer"
+    return RedisPlace(redact_url(settings.redis_url), state_timeout(settings), longer)
 
 
 class ToolSettings(Settings):

@@ -1,9 +1,18 @@
-"""Services live on ``app.state``; routes reach them through these accessors, as ``Annotated``
-dependency aliases (``EngineDep``, ``CacheDep``, ``CacheOnDep`` (400 when caching is off),
-``SettingsDep``, ``MetricsDep``).
+"""Services live on ``app.state``; a route reaches each through one typed ``Annotated`` dependency,
+defined once, beside the lowest layer that knows its type:
 
-The cache is seen through ``store.interface.CacheAdmin`` only: nothing in proxy/ touches the
-store's parts.
+- ``engine``, ``settings``, ``cache``, ``started``: ``EngineDep``, ``SettingsDep``, ``CacheDep``,
+  ``CacheOnDep`` (400 when caching is off), ``StartedDep``, here;
+- ``api_keys`` and ``settings`` as both apps share them: ``ApiKeysDep``, ``ServerSettingsDep``
+  (``proxy.http.auth``);
+- ``metrics``, ``usage``: ``MetricsDep``, ``UsageDep`` (``proxy.observe.deps``);
+- ``named``: ``NamedDep`` (``proxy.named.service``);
+- ``responses``: ``ResponsesDep`` (``proxy.responses.state``);
+- ``router`` (``kvproxy route``): ``RouterDep`` (``proxy.router.deps``).
+
+Code that holds a ``Request`` rather than declaring a parameter calls the dependency's function
+(``get_engine(request)``). The cache is seen through ``store.interface.CacheAdmin`` only: nothing
+in proxy/ touches the store's parts.
 """
 
 from __future__ import annotations
@@ -15,20 +24,25 @@ from fastapi import Depends, Request
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
-from proxy.observe.metrics import Metrics
 from store.admin_interface import CacheAdmin
 
 
 def get_engine(request: Request) -> Engine:
-    return request.app.state.engine
+    """The serving engine (made by the lifespan)."""
+    engine: Engine = request.app.state.engine
+    return engine
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    """The server's settings."""
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def get_cache(request: Request) -> CacheAdmin | None:
-    return request.app.state.cache
+    """The cache; None when caching is off (``--no-cache``)."""
+    cache: CacheAdmin | None = request.app.state.cache
+    return cache
 
 
 def require_cache(request: Request) -> CacheAdmin:
@@ -43,12 +57,14 @@ def require_cache(request: Request) -> CacheAdmin:
     return cache
 
 
-def get_metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
+def get_started(request: Request) -> float:
+    """When the server started (Unix seconds)."""
+    started: float = request.app.state.started
+    return started
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 CacheDep = Annotated[CacheAdmin | None, Depends(get_cache)]
 CacheOnDep = Annotated[CacheAdmin, Depends(require_cache)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+StartedDep = Annotated[float, Depends(get_started)]

@@ -1,18 +1,26 @@
-"""The one place the cache is opened from settings: the index, the blob store, the budget.
+"""The one place stores are opened from settings: the cache (the index, the blob store, the
+budget) and the two stores of state beside it, named caches and stored responses.
 
 ``open_cache`` builds the serving cache (``kvproxy serve``); ``open_admin`` the administrative
-view the ``kvproxy cache`` commands use (no model needed).
+view the ``kvproxy cache`` commands use (no model needed). ``open_named`` and ``open_responses``
+open the state stores ``--redis-url`` names through registries of URL schemes
+(``store.open.Registry``, as the block index is opened): in this process for ``memory://``, else
+on Redis with their own timeout (``proxy.config.state_timeout``).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import redis
 import torch
 
-from proxy.config import Settings
+from proxy.config import Settings, state_timeout
+from proxy.named.registry import MemoryNamedCaches, NamedCaches, RedisNamedCaches
+from proxy.responses.state import MemoryResponses, RedisResponses, ResponseStore
 from store import open as store_open
 from store.admin import StoreAdmin
 from store.blobs.base import BlobBackend
@@ -20,9 +28,11 @@ from store.blobs.file import FileBlobStore
 from store.blobs.tiered import TieredBlobStore
 from store.cache import BlockCache
 from store.index.base import BlockIndex
+from store.index.redis.connect import SCHEMES as REDIS_SCHEMES
 from store.index.redis.connect import redact_url, redis_client
 from store.index.redis.faults import RedisPlace, ping_fault
 from store.interface import KVSpec
+from store.open import Registry
 from store.parts import CacheOptions, StoreParts
 
 log = logging.getLogger(__name__)
@@ -141,3 +151,51 @@ def open_cache(settings: Settings, spec: KVSpec) -> BlockCache:
     # NOTE: one probe now: a Redis fault is logged once, by the cache's guard, with what to do
     cache.admin.health()
     return cache
+
+
+NamedFactory = Callable[[Settings], NamedCaches]
+ResponsesFactory = Callable[[Settings], ResponseStore]
+NAMED: Registry[NamedFactory] = Registry("named cache store")
+RESPONSES: Registry[ResponsesFactory] = Registry("response store")
+
+
+def state_client(settings: Settings) -> redis.Redis:
+    """A client of the Redis ``--redis-url`` names for state (named caches, stored responses):
+    every operation fails within ``state_timeout`` seconds; nothing is contacted yet."""
+    return redis_client(settings.redis_url, state_timeout(settings))
+
+
+@NAMED.register("memory")
+def _memory_named(_settings: Settings) -> NamedCaches:
+    return MemoryNamedCaches()
+
+
+@NAMED.register(*REDIS_SCHEMES)
+def _redis_named(settings: Settings) -> NamedCaches:
+    return RedisNamedCaches(state_client(settings), settings.key_prefix)
+
+
+@RESPONSES.register("memory")
+def _memory_responses(settings: Settings) -> ResponseStore:
+    budget = settings.responses_max_bytes
+    return MemoryResponses(settings.responses_ttl, budget, settings.tenant_budget(budget))
+
+
+@RESPONSES.register(*REDIS_SCHEMES)
+def _redis_responses(settings: Settings) -> ResponseStore:
+    ttl, budget = settings.responses_ttl, settings.responses_max_bytes
+    share = settings.tenant_budget(budget)
+    return RedisResponses(state_client(settings), settings.key_prefix, ttl, budget, share)
+
+
+def open_named(settings: Settings) -> NamedCaches:
+    """The named caches ``--redis-url`` names (in this process for ``memory://``); nothing is
+    contacted yet."""
+    return NAMED.factory(settings.redis_url)(settings)
+
+
+def open_responses(settings: Settings) -> ResponseStore:
+    """The response store ``--redis-url`` names (in this process for ``memory://``), with
+    ``--responses-ttl`` and ``--responses-max-bytes``, of which a tenant holds its share
+    (``Settings.tenant_budget``); nothing is contacted yet."""
+    return RESPONSES.factory(settings.redis_url)(settings)

@@ -11,18 +11,25 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache, partial
 from time import monotonic
-from typing import IO, Any, TypeVar
+from typing import IO, TypeVar
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, NamespaceIdentity, block_hashes, tail_hash
 from store import report
-from store.admin_interface import CacheHealth, Pinned
+from store.admin_interface import (
+    CacheHealth,
+    DeploymentStats,
+    HotPrefixRow,
+    MinuteTokens,
+    Pinned,
+    TenantRate,
+)
 from store.errors import StoreUnavailable
 from store.gc import GarbageCollector, clear, collect
 from store.interface import KVSpec
 from store.parts import CacheOptions, StoreParts
 from store.readers import ReaderPool
 from store.serde import read_bound
-from store.snapshot.export import namespace_blocks, write_snapshot
+from store.snapshot.export import Manifest, namespace_blocks, write_snapshot
 from store.snapshot.importer import ImportReport, import_snapshot
 from store.stats import CacheStats, GcReport
 from store.writer import BlockWriter
@@ -75,20 +82,20 @@ class StoreAdmin:
         index = self.parts.index
         return self.parts.guard.redis("stats", lambda: (index.num_blocks(), index.total_bytes()))
 
-    def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
+    def deployment_stats(self, namespace: Namespace | None = None) -> DeploymentStats | None:
         p = self.parts
         return p.stats_guard.redis("stats", report.deployment_stats, p.counters, p.index, namespace)
 
-    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
+    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[MinuteTokens] | None:
         return self.parts.stats_guard.redis("stats", report.timeline, self.parts.counters, namespace, minutes)
 
     def hot_prefixes(
         self, namespace: Namespace | None = None, readable: Namespace | None = None, n: int = 10
-    ) -> list[dict[str, Any]] | None:
+    ) -> list[HotPrefixRow] | None:
         args = (self.parts.hot, self.root_tokens, namespace, readable, n)
         return self.parts.stats_guard.redis("stats", report.hot_prefixes, *args)
 
-    def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:
+    def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[TenantRate] | None:
         p, known_hex = self.parts, [ns.hex() for ns in known]
         return p.stats_guard.redis("stats", report.tenant_rates, p.counters, p.hot, known_hex)
 
@@ -174,7 +181,7 @@ class StoreAdmin:
         identity: NamespaceIdentity,
         prompts: Sequence[Sequence[int]] | None = None,
         model: str = "",
-    ) -> dict[str, Any]:
+    ) -> Manifest:
         spec, namespace = self._snapshots(), identity.digest()
         if prompts is None:
             hashes = self._required("export", namespace_blocks, self.parts.index, namespace)

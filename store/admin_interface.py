@@ -6,10 +6,12 @@ snapshots, for the server."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import IO, Any, Literal, Protocol
 
 from hashing import BlockHash, Namespace, NamespaceIdentity
+from store.index.base import Window
+from store.snapshot.export import Manifest
 from store.snapshot.importer import ImportReport
 from store.stats import CacheStats, GcReport
 
@@ -25,6 +27,86 @@ class Pinned:
     added: int
     held: int
     missing: int
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    """Tokens queried and hit over a window; ``hit_rate`` is None when nothing was queried."""
+
+    queried_tokens: int
+    hit_tokens: int
+    hit_rate: float | None
+
+    @classmethod
+    def of(cls, window: Window) -> TokenWindow:
+        return cls(window.queried, window.hit, window.hit_rate)
+
+
+@dataclass(frozen=True)
+class StoredNow:
+    """What the whole deployment stores now: blocks and blob bytes, the bytes named caches pin,
+    and blocks per retention class (``store.index.retention.RETENTION_CLASSES``)."""
+
+    blocks: int
+    bytes: int
+    pinned_bytes: int
+    blocks_by_retention: dict[str, int]
+
+
+@dataclass(frozen=True)
+class DeploymentStats:
+    """``CacheAdmin.deployment_stats``: the shared counters (``totals``: counter name -> count, as
+    ``store.index.base.Counters.totals`` reads them), the token hit rate over the last minute and
+    hour, and (deployment scope only) ``stored``."""
+
+    totals: dict[str, int]
+    last_minute: TokenWindow
+    last_hour: TokenWindow
+    stored: StoredNow | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """As JSON: the totals, ``last_minute``, ``last_hour``, then ``stored``'s fields."""
+        out = self.totals | {"last_minute": asdict(self.last_minute), "last_hour": asdict(self.last_hour)}
+        return out | (asdict(self.stored) if self.stored is not None else {})
+
+
+@dataclass(frozen=True)
+class MinuteTokens:
+    """Tokens queried and hit during one minute (``minute``: its start, Unix seconds)."""
+
+    minute: int
+    queried_tokens: int
+    hit_tokens: int
+    hit_rate: float | None
+
+
+@dataclass(frozen=True)
+class HotPrefixRow:
+    """One of ``CacheAdmin.hot_prefixes``: its namespace (hex), hits, prompt tokens saved, length
+    (``blocks``, ``cached_tokens``), ``bytes`` (blocks x its last block's blob bytes), seconds
+    left to live (None: no expiry) and, for the readable namespace only, block 0's 128 token ids
+    (None otherwise, or when they cannot be read)."""
+
+    namespace: str
+    hits: int
+    tokens_saved: int
+    blocks: int
+    cached_tokens: int
+    bytes: int
+    ttl_seconds: int | None
+    token_ids: list[int] | None
+
+
+@dataclass(frozen=True)
+class TenantRate:
+    """One of ``CacheAdmin.tenant_rates``: a namespace (hex), its all-time prompt and cached
+    tokens and hit rate (None: no prompt token), and its last hour."""
+
+    namespace: str
+    prompt_tokens: int
+    cached_tokens: int
+    hit_rate: float | None
+    last_hour: TokenWindow
 
 
 class CacheAdmin(Protocol):
@@ -44,29 +126,26 @@ class CacheAdmin(Protocol):
         """``(blocks, bytes)`` the whole cache holds now."""
         ...
 
-    def deployment_stats(self, namespace: Namespace | None = None) -> dict[str, Any] | None:
+    def deployment_stats(self, namespace: Namespace | None = None) -> DeploymentStats | None:
         """Counters of every process sharing the index (or of one namespace), hit rates over the
         last minute and hour and, for the deployment, blocks and bytes stored."""
         ...
 
-    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[dict[str, Any]] | None:
+    def timeline(self, namespace: Namespace | None = None, minutes: int = 60) -> list[MinuteTokens] | None:
         """Tokens queried and hit per minute over the last ``minutes``."""
         ...
 
     def hot_prefixes(
         self, namespace: Namespace | None = None, readable: Namespace | None = None, n: int = 10
-    ) -> list[dict[str, Any]] | None:
+    ) -> list[HotPrefixRow] | None:
         """The ``n`` cached prefixes (of ``namespace``, or of all) that saved the most prompt
-        tokens, most first: ``namespace`` (hex), ``hits``, ``tokens_saved``, ``blocks``,
-        ``cached_tokens``, ``bytes``, ``ttl_seconds`` (left, None: no expiry) and ``token_ids``,
-        block 0's 128 token ids (verified against its hash) for namespace ``readable`` only, else
-        None. Prefixes whose last block expired are left out (and forgotten)."""
+        tokens, most first; block 0's token ids (verified against its hash) for namespace
+        ``readable`` only. Prefixes whose last block expired are left out (and forgotten)."""
         ...
 
-    def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[dict[str, Any]] | None:
-        """Per namespace that stored blocks (or is in ``known``) and has traffic: ``namespace``
-        (hex), all-time ``prompt_tokens``, ``cached_tokens`` and ``hit_rate``, and ``last_hour``
-        (``queried_tokens``, ``hit_tokens``, ``hit_rate``); most prompt tokens first."""
+    def tenant_rates(self, known: Sequence[Namespace] = ()) -> list[TenantRate] | None:
+        """Per namespace that stored blocks (or is in ``known``) and has traffic, most prompt
+        tokens first."""
         ...
 
     def pin(self, namespace: Namespace, token_ids: Sequence[int], ttl_s: int) -> Pinned | None:
@@ -113,7 +192,7 @@ class CacheAdmin(Protocol):
         identity: NamespaceIdentity,
         prompts: Sequence[Sequence[int]] | None = None,
         model: str = "",
-    ) -> dict[str, Any]:
+    ) -> Manifest:
         """Write a snapshot archive (``store.snapshot.format``) of the cached full blocks of
         ``prompts`` (token ids), or of every block of ``identity``'s namespace (None), to ``out``;
         the manifest records ``identity`` and the served name ``model``. Returns the manifest.

@@ -9,7 +9,7 @@ optional ``__metadata__`` of strings, then the tensors' bytes.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -21,7 +21,16 @@ DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", to
 """Safetensors' names of the dtypes a blob stores unpacked."""
 
 
-def parse(data: bytes) -> tuple[dict[str, str], dict[str, dict[str, Any]], memoryview]:
+class TensorEntry(TypedDict):
+    """A tensor as the header names it: its dtype (``"F32"``, ``"U8"``, ...), shape and byte
+    range (from the end of the header). As read from the file: ``parse`` checks the range only."""
+
+    dtype: str
+    shape: list[int]
+    data_offsets: list[int]
+
+
+def parse(data: bytes) -> tuple[dict[str, str], dict[str, TensorEntry], memoryview]:
     """A safetensors file's metadata, tensor entries and the bytes they index, every offset
     checked to lie within them.
 
@@ -41,7 +50,7 @@ def parse(data: bytes) -> tuple[dict[str, str], dict[str, dict[str, Any]], memor
 
 
 def array(
-    entry: dict[str, Any], body: memoryview, shape: tuple[int, ...], dtype: torch.dtype, *, packed: bool
+    entry: TensorEntry, body: memoryview, shape: tuple[int, ...], dtype: torch.dtype, *, packed: bool
 ) -> torch.Tensor:
     """The tensor ``entry`` names, of ``shape`` and ``dtype``: ``packed`` (a uint8 tensor of the
     bytes ``store.codec.compress`` made) or stored as it is.

@@ -7,34 +7,40 @@ guard, so callers above store/ get None instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from hashing import BLOCK_SIZE, BlockHash, Namespace, block_hashes, block_tokens, chain_hash
+from store.admin_interface import (
+    DeploymentStats,
+    HotPrefixRow,
+    MinuteTokens,
+    StoredNow,
+    TenantRate,
+    TokenWindow,
+)
 from store.index.base import BlockIndex, Counters, HotPrefix, HotPrefixes
 from store.index.retention import RETENTION_CLASSES
 from store.serde import BlockVerificationError, read_token_ids
 
 
-def deployment_stats(counters: Counters, index: BlockIndex, namespace: Namespace | None) -> dict[str, Any]:
+def deployment_stats(counters: Counters, index: BlockIndex, namespace: Namespace | None) -> DeploymentStats:
     """Counters of the deployment (or of one namespace), the token hit rate over the last minute
     and hour, and, for the deployment, the blocks and bytes stored now."""
     scope = namespace.hex() if namespace is not None else None
-    out: dict[str, Any] = dict(counters.totals(scope))
-    for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
-        window = counters.window(scope, seconds)
-        out[label] = {"queried_tokens": window.queried, "hit_tokens": window.hit, "hit_rate": window.hit_rate}
+    totals = dict(counters.totals(scope))
+    minute, hour = (TokenWindow.of(counters.window(scope, seconds)) for seconds in (60, 3600))
+    stored = None
     if namespace is None:
         classes = zip(RETENTION_CLASSES, index.retention_counts(), strict=True)
-        out |= {
-            "blocks": index.num_blocks(),
-            "bytes": index.total_bytes(),
-            "pinned_bytes": index.pins.pinned_bytes(),
-            "blocks_by_retention": {name: n for (name, _), n in classes},
-        }
-    return out
+        stored = StoredNow(
+            index.num_blocks(),
+            index.total_bytes(),
+            index.pins.pinned_bytes(),
+            {name: n for (name, _), n in classes},
+        )
+    return DeploymentStats(totals, minute, hour, stored)
 
 
-def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> list[dict[str, Any]]:
+def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> list[MinuteTokens]:
     """Tokens queried and hit per minute over the last ``minutes``."""
     scope = namespace.hex() if namespace is not None else None
     per_minute: dict[int, list[int]] = {}
@@ -42,10 +48,7 @@ def timeline(counters: Counters, namespace: Namespace | None, minutes: int) -> l
         totals = per_minute.setdefault(start - start % 60, [0, 0])
         totals[0] += window.queried
         totals[1] += window.hit
-    return [
-        {"minute": m, "queried_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else None}
-        for m, (q, h) in sorted(per_minute.items())
-    ]
+    return [MinuteTokens(m, q, h, h / q if q else None) for m, (q, h) in sorted(per_minute.items())]
 
 
 BlobRead = Callable[[Namespace, BlockHash], bytes]
@@ -87,22 +90,22 @@ def hot_prefixes(
     namespace: Namespace | None,
     readable: Namespace | None,
     n: int,
-) -> list[dict[str, Any]]:
+) -> list[HotPrefixRow]:
     """The ``n`` cached prefixes that saved the most tokens, of one namespace or all: their
     hits, tokens saved, length (blocks, tokens), bytes (blocks x the last block's blob bytes),
     seconds left to live and, for namespace ``readable`` only, the token ids of block 0 (from
     ``read_root``, e.g. ``root_tokens``; None when they cannot be read)."""
     return [
-        {
-            "namespace": p.namespace.hex(),
-            "hits": p.hits,
-            "tokens_saved": p.tokens_saved,
-            "blocks": p.blocks,
-            "cached_tokens": p.blocks * BLOCK_SIZE,
-            "bytes": p.blocks * p.block_bytes,
-            "ttl_seconds": p.ttl_s,
-            "token_ids": _readable(read_root, p) if p.namespace == readable else None,
-        }
+        HotPrefixRow(
+            namespace=p.namespace.hex(),
+            hits=p.hits,
+            tokens_saved=p.tokens_saved,
+            blocks=p.blocks,
+            cached_tokens=p.blocks * BLOCK_SIZE,
+            bytes=p.blocks * p.block_bytes,
+            ttl_seconds=p.ttl_s,
+            token_ids=_readable(read_root, p) if p.namespace == readable else None,
+        )
         for p in hot.top(namespace, n)
     ]
 
@@ -131,7 +134,7 @@ def _readable(
         return None
 
 
-def tenant_rates(counters: Counters, hot: HotPrefixes | None, known: Sequence[str]) -> list[dict[str, Any]]:
+def tenant_rates(counters: Counters, hot: HotPrefixes | None, known: Sequence[str]) -> list[TenantRate]:
     """Prompt and cached tokens, all time and over the last hour, of each namespace that stored
     a block or is in ``known`` (hex) and has any traffic; most prompt tokens first."""
     rows = []
@@ -139,17 +142,6 @@ def tenant_rates(counters: Counters, hot: HotPrefixes | None, known: Sequence[st
         totals, hour = counters.totals(ns), counters.window(ns, 3600)
         prompt, cached = totals.get("prompt_tokens", 0), totals.get("cached_tokens", 0)
         if prompt or hour.queried:
-            rows.append(
-                {
-                    "namespace": ns,
-                    "prompt_tokens": prompt,
-                    "cached_tokens": cached,
-                    "hit_rate": cached / prompt if prompt else None,
-                    "last_hour": {
-                        "queried_tokens": hour.queried,
-                        "hit_tokens": hour.hit,
-                        "hit_rate": hour.hit_rate,
-                    },
-                }
-            )
-    return sorted(rows, key=lambda r: -r["prompt_tokens"])
+            hit_rate = cached / prompt if prompt else None
+            rows.append(TenantRate(ns, prompt, cached, hit_rate, TokenWindow.of(hour)))
+    return sorted(rows, key=lambda r: -r.prompt_tokens)

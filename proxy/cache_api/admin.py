@@ -8,14 +8,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
 from proxy.cache_api.protocol import ClearRequest
 from proxy.http.auth import require_admin
 from proxy.http.errors import OpenAIError
 from proxy.named.lifecycle import forget_cleared
-from proxy.named.service import get_named
+from proxy.named.service import NamedDep
 from proxy.state import CacheDep, CacheOnDep, EngineDep
 from store.errors import StoreUnavailable
 
@@ -29,7 +29,8 @@ async def cache_stats(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
     deployment = None
     if cache is not None:
         process["cache"] = cache.stats().as_dict()
-        deployment = await run_in_threadpool(cache.deployment_stats)
+        found = await run_in_threadpool(cache.deployment_stats)
+        deployment = found.as_dict() if found is not None else None
     return {"deployment": deployment, "process": process}
 
 
@@ -43,14 +44,12 @@ async def cache_gc(cache: CacheOnDep) -> dict[str, Any]:
 
 
 @router.post("/clear")
-async def cache_clear(
-    cache: CacheOnDep, request: Request, body: ClearRequest | None = None
-) -> dict[str, Any]:
+async def cache_clear(cache: CacheOnDep, named: NamedDep, body: ClearRequest | None = None) -> dict[str, Any]:
     """Remove every cached block, or one namespace's, and the named caches they held."""
     namespace = body.namespace if body else None
     try:
         removed = await run_in_threadpool(cache.clear, namespace)
-        named = await run_in_threadpool(forget_cleared, get_named(request), namespace)
+        forgotten = await run_in_threadpool(forget_cleared, named, namespace)
     except StoreUnavailable as exc:
         raise OpenAIError.cache_unavailable(f": {exc}") from exc
-    return {"removed_blocks": removed, "removed_named_caches": named}
+    return {"removed_blocks": removed, "removed_named_caches": forgotten}

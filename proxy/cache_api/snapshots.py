@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.worker import Engine
 from hashing import NamespaceIdentity
 from proxy.cache_api.protocol import ExportRequest
-from proxy.http.auth import DEFAULT_TENANT, require_admin
+from proxy.http.auth import DEFAULT_TENANT, ApiKeys, ApiKeysDep, require_admin
 from proxy.http.errors import OpenAIError
 from proxy.serving.prompts import prompt_ids
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
@@ -33,17 +33,16 @@ SPOOL_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
 
 
-def identities(request: Request, engine: Engine) -> dict[str, NamespaceIdentity]:
+def identities(api_keys: ApiKeys | None, engine: Engine) -> dict[str, NamespaceIdentity]:
     """This server's cache identity for each tenant it serves: the API keys' (``proxy.http.auth``),
     or ``default`` without."""
-    api_keys: dict[str, str] | None = request.app.state.api_keys
     tenants = set(api_keys.values()) if api_keys is not None else {DEFAULT_TENANT}
     return {t: engine.loaded.identity(t) for t in sorted(tenants)}
 
 
 @router.post("/export")
 async def export(
-    body: ExportRequest, request: Request, engine: EngineDep, cache: CacheOnDep
+    body: ExportRequest, engine: EngineDep, cache: CacheOnDep, api_keys: ApiKeysDep
 ) -> StreamingResponse:
     """A snapshot archive (``application/x-tar``) of the tenant's cached blocks of the prompts,
     or of all its blocks; ``X-Kvproxy-Blocks`` says how many it holds and
@@ -52,7 +51,7 @@ async def export(
     Raises:
         OpenAIError: 400 for a tenant this server does not serve, 404 when no block is cached.
     """
-    served = identities(request, engine)
+    served = identities(api_keys, engine)
     if body.tenant not in served:
         raise OpenAIError(
             400,
@@ -76,13 +75,11 @@ async def export(
     except StoreUnavailable as exc:
         out.close()
         raise OpenAIError.cache_unavailable(f": {exc}") from exc
-    if not manifest["blocks"]:
+    if not manifest.blocks:
         out.close()
         what = "the prompts" if prompts is not None else f"tenant {body.tenant!r}"
         why = (
-            f" ({manifest['skipped']} indexed blocks could not be read or verified)"
-            if manifest["skipped"]
-            else ""
+            f" ({manifest.skipped} indexed blocks could not be read or verified)" if manifest.skipped else ""
         )
         raise OpenAIError(404, f"nothing to export: no cached block of {what}{why}", code="nothing_cached")
     out.seek(0)
@@ -94,15 +91,19 @@ async def export(
 
     headers = {
         "Content-Disposition": 'attachment; filename="kvproxy-snapshot.tar"',
-        "X-Kvproxy-Blocks": str(len(manifest["blocks"])),
-        "X-Kvproxy-Skipped": str(manifest["skipped"]),
+        "X-Kvproxy-Blocks": str(len(manifest.blocks)),
+        "X-Kvproxy-Skipped": str(manifest.skipped),
     }
     return StreamingResponse(chunks(), media_type="application/x-tar", headers=headers)
 
 
 @router.post("/import")
 async def import_(
-    request: Request, engine: EngineDep, cache: CacheOnDep, settings: SettingsDep
+    request: Request,
+    engine: EngineDep,
+    cache: CacheOnDep,
+    settings: SettingsDep,
+    api_keys: ApiKeysDep,
 ) -> dict[str, Any]:
     """Load a snapshot archive (the request body, at most ``--max-import-bytes``) into this
     deployment's index and blob store; answers the blocks imported, already cached and rejected
@@ -118,7 +119,7 @@ async def import_(
                 )
             source.write(data)
         source.seek(0)
-        audit, served = settings.audit_imports, identities(request, engine)
+        audit, served = settings.audit_imports, identities(api_keys, engine)
         try:
             report = await run_in_threadpool(cache.import_snapshot, source, served, audit)
         except SnapshotMismatch as exc:

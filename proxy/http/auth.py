@@ -18,8 +18,29 @@ from proxy.setting_values import key_file
 
 DEFAULT_TENANT = "default"
 
+ApiKeys = dict[str, str]
+"""``--api-keys`` parsed: tenant by key (``parse_api_keys``)."""
 
-def parse_api_keys(value: str | None) -> dict[str, str] | None:
+
+def get_api_keys(request: Request) -> ApiKeys | None:
+    """The app's API keys (``app.state.api_keys``, set by both apps' factories); None when
+    authentication is off."""
+    keys: ApiKeys | None = request.app.state.api_keys
+    return keys
+
+
+def get_server_settings(request: Request) -> ServerSettings:
+    """The app's settings as both apps share them (``app.state.settings``: a ``Settings`` for
+    ``kvproxy serve``, a ``RouteSettings`` for ``kvproxy route``)."""
+    settings: ServerSettings = request.app.state.settings
+    return settings
+
+
+ApiKeysDep = Annotated[ApiKeys | None, Depends(get_api_keys)]
+ServerSettingsDep = Annotated[ServerSettings, Depends(get_server_settings)]
+
+
+def parse_api_keys(value: str | None) -> ApiKeys | None:
     """``--api-keys`` as ``{key: tenant}``, or None when authentication is off.
 
     Accepts a comma-separated list whose items are entries or files of one entry per line (``#``
@@ -36,7 +57,7 @@ def parse_api_keys(value: str | None) -> dict[str, str] | None:
         path = key_file(item.strip(), "--api-keys") if item.strip() else None
         raw += path.read_text().splitlines() if path is not None else [item]
     entries = [line.split("#", 1)[0].strip() for line in raw]
-    table: dict[str, str] = {}
+    table: ApiKeys = {}
     for entry in filter(None, entries):
         key, _, tenant = (part.strip() for part in entry.partition("="))
         table[key] = tenant or f"key-{xxhash.xxh3_64_hexdigest(key.encode())}"
@@ -115,7 +136,7 @@ def get_tenant(request: Request) -> str:
         OpenAIError: 401 when keys are required and this one is missing or wrong; 400 when the
             request carries two different keys (``credential``).
     """
-    table: dict[str, str] | None = request.app.state.api_keys
+    table = get_api_keys(request)
     token = bearer(request)  # NOTE: first: two different keys are refused even on an open server
     if table is None:
         return DEFAULT_TENANT
@@ -132,7 +153,7 @@ def get_tenant(request: Request) -> str:
 
 def is_admin(request: Request) -> bool:
     """Whether the request carries the admin key (compared in constant time)."""
-    settings: ServerSettings = request.app.state.settings
+    settings = get_server_settings(request)
     token = bearer(request)
     return (
         settings.admin_key is not None
@@ -143,8 +164,7 @@ def is_admin(request: Request) -> bool:
 
 def keys_configured(request: Request) -> bool:
     """Whether the server has any key at all (``--admin-key`` or ``--api-keys``)."""
-    settings: ServerSettings = request.app.state.settings
-    return settings.admin_key is not None or request.app.state.api_keys is not None
+    return get_server_settings(request).admin_key is not None or get_api_keys(request) is not None
 
 
 def reads_own_text(request: Request) -> bool:
@@ -152,7 +172,7 @@ def reads_own_text(request: Request) -> bool:
     always (its namespace is its own); without API keys, the admin key, or anyone on a server
     with no key at all (the one tenant is everyone's), never a client without a key on a server
     that has one."""
-    return request.app.state.api_keys is not None or is_admin(request) or not keys_configured(request)
+    return get_api_keys(request) is not None or is_admin(request) or not keys_configured(request)
 
 
 def require_admin(request: Request) -> None:
@@ -161,8 +181,9 @@ def require_admin(request: Request) -> None:
     default: without ``--admin-key``, anonymous clients pass only when the operator opted in
     (``--allow-anonymous-admin``) and no API keys are set. A server without an admin key says so,
     since no client key can pass it."""
-    settings: Settings = request.app.state.settings
-    if is_admin(request) or (settings.allow_anonymous_admin and not keys_configured(request)):
+    settings = get_server_settings(request)
+    anonymous = isinstance(settings, Settings) and settings.allow_anonymous_admin  # NOTE: serve only
+    if is_admin(request) or (anonymous and not keys_configured(request)):
         return
     if settings.admin_key is None:
         # NOTE: no key would pass: the operator must start the server differently, not the client
@@ -181,7 +202,7 @@ def require_operator(request: Request) -> None:
 
 
 def _refuse(request: Request, message: str) -> None:
-    if request.app.state.api_keys is not None:
+    if get_api_keys(request) is not None:
         try:
             get_tenant(request)
         except OpenAIError:

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from store.index.redis.connect import REDIS_ERRORS
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _UNION_TAG = re.compile(
     r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$"
@@ -85,6 +90,19 @@ GOOGLE_STATUS = {
     503: "UNAVAILABLE",
 }
 """HTTP statuses as Google's canonical error codes (anything else: ``INTERNAL``)."""
+
+
+async def on_redis(fn: Callable[..., T], *args: Any, detail: Callable[[Exception], str]) -> T:
+    """``fn(*args)`` in a worker thread, for state kept in Redis (named caches, stored responses).
+
+    Raises:
+        OpenAIError: 503 (``cache_unavailable``, its message ending with ``detail(fault)``) when
+            Redis fails (``REDIS_ERRORS``).
+    """
+    try:
+        return await run_in_threadpool(fn, *args)
+    except REDIS_ERRORS as exc:
+        raise OpenAIError.cache_unavailable(detail(exc)) from exc
 
 
 def dialect(path: str) -> str:

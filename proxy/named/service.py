@@ -12,20 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Request
-from starlette.concurrency import run_in_threadpool
+from fastapi import Depends, Request
 
 from engine.worker import Engine
 from hashing import BlockHash, Namespace
-from proxy.config import Settings
-from proxy.http.errors import OpenAIError
-from proxy.named.registry import MemoryNamedCaches, NamedCache, NamedCaches, RedisNamedCaches
-from proxy.responses.state import state_timeout
+from proxy.http.errors import OpenAIError, on_redis
+from proxy.named.registry import NamedCache, NamedCaches
 from proxy.serving.rendering import RenderError, render_chat
-from store.index.memory.index import MEMORY_URL
-from store.index.redis.connect import REDIS_ERRORS, redis_client
 
 T = TypeVar("T")
 
@@ -34,24 +29,22 @@ log = logging.getLogger(__name__)
 PREFIX = "cachedContents/"
 
 
-def open_named(settings: Settings) -> NamedCaches:
-    """The named caches ``--redis-url`` names (in this process for ``memory://``)."""
-    if settings.redis_url.startswith(MEMORY_URL):
-        return MemoryNamedCaches()
-    client = redis_client(settings.redis_url, state_timeout(settings))
-    return RedisNamedCaches(client, settings.key_prefix)
-
-
 def get_named(request: Request) -> NamedCaches:
-    return request.app.state.named
+    """The app's named caches (``proxy.stores.open_named``)."""
+    named: NamedCaches = request.app.state.named
+    return named
+
+
+NamedDep = Annotated[NamedCaches, Depends(get_named)]
 
 
 async def on_state(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on the named caches' store, in a thread; a Redis fault is a 503."""
-    try:
-        return await run_in_threadpool(fn, *args)
-    except REDIS_ERRORS as exc:
-        raise OpenAIError.cache_unavailable(": named caches are unavailable") from exc
+    """``fn(*args)`` on the named caches' store, in a thread.
+
+    Raises:
+        OpenAIError: 503 when Redis fails (``proxy.http.errors.on_redis``).
+    """
+    return await on_redis(fn, *args, detail=lambda _: ": named caches are unavailable")
 
 
 def chain(record: NamedCache) -> tuple[Namespace, list[BlockHash]]:

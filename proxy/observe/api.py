@@ -8,18 +8,33 @@ browsers never send to the server).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict
 from importlib import resources
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from engine.worker import Engine
 from hashing import Namespace
-from proxy.http.auth import DEFAULT_TENANT, get_tenant, is_admin, reads_own_text, require_operator
+from proxy.http.auth import (
+    DEFAULT_TENANT,
+    ApiKeys,
+    ApiKeysDep,
+    get_tenant,
+    is_admin,
+    reads_own_text,
+    require_operator,
+)
 from proxy.observe import panels
-from proxy.state import CacheDep, EngineDep, MetricsDep
+from proxy.observe.deps import MetricsDep, UsageDep
+from proxy.state import CacheDep, EngineDep, SettingsDep
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 router = APIRouter()
 
@@ -30,19 +45,21 @@ async def metrics(m: MetricsDep) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def stats_scope(request: Request, engine: EngineDep) -> Namespace | None:
+def stats_scope(request: Request, engine: EngineDep, api_keys: ApiKeysDep) -> Namespace | None:
     """None (everything) without API keys or for the admin key; else the caller's namespace."""
-    if request.app.state.api_keys is None or is_admin(request):
+    if api_keys is None or is_admin(request):
         return None
     return engine.loaded.namespace(get_tenant(request))
 
 
-def viewer(request: Request, scope: Namespace | None, engine: EngineDep) -> Namespace | None:
+def viewer(
+    request: Request, scope: Namespace | None, engine: Engine, api_keys: ApiKeys | None
+) -> Namespace | None:
     """The namespace whose prompts the caller may read: a tenant's own; without API keys, the one
     tenant's, for the admin key or, on a server with no key at all, for anyone; none for the admin
     key among API keys (it names an operator, not a tenant), and never for a client without a key
     on a server that has one."""
-    if request.app.state.api_keys is not None:
+    if api_keys is not None:
         return scope
     return engine.loaded.namespace(DEFAULT_TENANT) if reads_own_text(request) else None
 
@@ -54,6 +71,9 @@ async def stats(
     m: MetricsDep,
     cache: CacheDep,
     engine: EngineDep,
+    settings: SettingsDep,
+    usage: UsageDep,
+    api_keys: ApiKeysDep,
 ) -> dict[str, Any]:
     """Totals for the deployment (from Redis: every replica adds up) and for this process, hit
     rates over the last minute and hour, TTFT by cache outcome, evictions, recent misses; and the
@@ -77,11 +97,12 @@ async def stats(
 
     Each is None when the cache is off, out of scope, or (read from Redis) Redis does not answer.
     """
+    namespace_hex = scope.hex() if scope is not None else None
     out: dict[str, Any] = {
         "scope": "deployment" if scope is None else "tenant",
         "cache": "disabled" if cache is None else await run_in_threadpool(cache.health),
-        "process": m.log.summary(scope.hex() if scope is not None else None),
-        "audit": m.audits.summary(scope.hex() if scope is not None else None),
+        "process": asdict(m.log.summary(namespace_hex)),
+        "audit": asdict(m.audits.summary(namespace_hex)),
         "deployment": None,
         "timeline": None,
         "usage": None,
@@ -89,20 +110,24 @@ async def stats(
         "tenants": None,
     }
     if cache is not None:
-        out["deployment"] = await run_in_threadpool(cache.deployment_stats, scope)
-        out["timeline"] = await run_in_threadpool(cache.timeline, scope)
-        api_keys, loaded = request.app.state.api_keys, engine.loaded
-        readable = viewer(request, scope, engine)
-        out["hot_prefixes"] = await run_in_threadpool(
-            panels.hot_prefixes, cache, loaded, scope, readable, api_keys
-        )
+        deployment = await run_in_threadpool(cache.deployment_stats, scope)
+        out["deployment"] = deployment.as_dict() if deployment is not None else None
+        out["timeline"] = _rows(await run_in_threadpool(cache.timeline, scope))
+        loaded, readable = engine.loaded, viewer(request, scope, engine, api_keys)
+        hot = await run_in_threadpool(panels.hot_prefixes, cache, loaded, scope, readable, api_keys)
+        out["hot_prefixes"] = _rows(hot)
         if scope is None:
             if out["deployment"] is not None:
-                out["deployment"]["max_pinned_bytes"] = request.app.state.settings.max_pinned_bytes
+                out["deployment"]["max_pinned_bytes"] = settings.max_pinned_bytes
             out["process"]["evictions"] = cache.stats().evictions
-            out["usage"] = request.app.state.usage.points()
-            out["tenants"] = await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys)
+            out["usage"] = _rows(usage.points())
+            out["tenants"] = _rows(await run_in_threadpool(panels.tenant_rates, cache, loaded, api_keys))
     return out
+
+
+def _rows(rows: Sequence[DataclassInstance] | None) -> list[dict[str, Any]] | None:
+    """Typed rows as JSON objects (their fields in order); None stays None."""
+    return None if rows is None else [asdict(r) for r in rows]
 
 
 @router.get("/dashboard", response_class=HTMLResponse)

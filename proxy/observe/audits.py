@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -15,6 +15,36 @@ from engine.worker import Engine
 
 DIFFERENCE_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 1, 2, 5, 10)
 KEEP_RESULTS = 1000
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One audited hit (``engine.audit.AuditResult``) and when it was audited (Unix seconds)."""
+
+    at: float
+    prompt_tokens: int
+    cached_tokens: int
+    max_logit_difference: float
+    tolerance: float
+    tokens_compared: int
+    mismatch: bool
+    diverged: bool
+
+
+@dataclass(frozen=True)
+class AuditSummary:
+    """``AuditReport.summary``: the audit's rate and the block format served, counts, the
+    largest logit difference (None: no audit), and the last results, newest first."""
+
+    rate: float
+    block_format: str
+    checks: int
+    mismatches: int
+    divergences: int
+    pending: int
+    dropped: int
+    max_logit_difference: float | None
+    recent: list[AuditRow]
 
 
 class AuditReport:
@@ -48,7 +78,7 @@ class AuditReport:
         with self._lock:
             self._results.append((time.time(), result))
 
-    def summary(self, namespace_hex: str | None) -> dict[str, Any]:
+    def summary(self, namespace_hex: str | None) -> AuditSummary:
         """This process's audits of one namespace (a tenant) or all, of the block format served:
         counts (``divergences``: hits whose greedy answer parted from the cold one), the largest logit
         difference, and the last 20 results, newest first (``pending`` and ``dropped``: every
@@ -59,26 +89,26 @@ class AuditReport:
                 for at, r in self._results
                 if namespace_hex is None or r.namespace.hex() == namespace_hex
             ]
-        return {
-            "rate": self.engine.audit_rate,
-            "block_format": self.engine.loaded.kv_spec.block_format,
-            "checks": len(mine),
-            "mismatches": sum(r.mismatch for _, r in mine),
-            "divergences": sum(r.diverged for _, r in mine),
-            "pending": self.engine.audits_pending,
-            "dropped": self.engine.audits_dropped,
-            "max_logit_difference": max((r.max_logit_difference for _, r in mine), default=None),
-            "recent": [
-                {
-                    "at": at,
-                    "prompt_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens,
-                    "max_logit_difference": r.max_logit_difference,
-                    "tolerance": r.tolerance,
-                    "tokens_compared": r.tokens_compared,
-                    "mismatch": r.mismatch,
-                    "diverged": r.diverged,
-                }
+        return AuditSummary(
+            rate=self.engine.audit_rate,
+            block_format=self.engine.loaded.kv_spec.block_format,
+            checks=len(mine),
+            mismatches=sum(r.mismatch for _, r in mine),
+            divergences=sum(r.diverged for _, r in mine),
+            pending=self.engine.audits_pending,
+            dropped=self.engine.audits_dropped,
+            max_logit_difference=max((r.max_logit_difference for _, r in mine), default=None),
+            recent=[
+                AuditRow(
+                    at,
+                    r.prompt_tokens,
+                    r.cached_tokens,
+                    r.max_logit_difference,
+                    r.tolerance,
+                    r.tokens_compared,
+                    r.mismatch,
+                    r.diverged,
+                )
                 for at, r in reversed(mine[-20:])
             ],
-        }
+        )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from proxy.state import CacheDep, EngineDep, SettingsDep
+from proxy.state import CacheDep, EngineDep, SettingsDep, StartedDep
 from store.index.memory.index import MEMORY_URL
 
 router = APIRouter()
@@ -15,7 +15,7 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(
-    request: Request, engine: EngineDep, cache: CacheDep, settings: SettingsDep
+    engine: EngineDep, cache: CacheDep, settings: SettingsDep, started: StartedDep
 ) -> dict[str, Any]:
     """Liveness; ``started`` (Unix seconds) changes when the server restarts, and
     ``cache_persistent`` tells a router whether the prefixes it remembered there survive that (a
@@ -29,6 +29,6 @@ async def health(
         "attention": engine.loaded.attention,
         "busy": not engine.idle,
         "queue_depth": engine.queue_depth,
-        "started": request.app.state.started,
+        "started": started,
         "cache_persistent": cache is not None and not settings.redis_url.startswith(MEMORY_URL),
     }

@@ -5,6 +5,7 @@ it is unreachable) and may decode tokens: call them off the event loop."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -12,7 +13,7 @@ from engine.model.loading import LoadedModel
 from hashing import Namespace
 from proxy.http.auth import DEFAULT_TENANT
 from proxy.serving.rendering import RenderError, render_chat
-from store.admin_interface import CacheAdmin
+from store.admin_interface import CacheAdmin, TokenWindow
 
 TEXT_CHARS = 60
 """Characters of a hot prefix's text shown."""
@@ -64,6 +65,36 @@ def _starts(ids: list[int], lead: tuple[int, ...]) -> bool:
     return tuple(ids[: len(lead)]) == lead
 
 
+@dataclass(frozen=True)
+class HotPrefixPanel:
+    """A hot prefix as the dashboard shows it (``store.admin_interface.HotPrefixRow``, its token
+    ids replaced by ``tenant``: the name, or the namespace hex for another model or format, and
+    ``text``: the first characters of its prompt, or None)."""
+
+    namespace: str
+    hits: int
+    tokens_saved: int
+    blocks: int
+    cached_tokens: int
+    bytes: int
+    ttl_seconds: int | None
+    tenant: str
+    text: str | None
+
+
+@dataclass(frozen=True)
+class TenantPanel:
+    """A namespace's hit rates as the dashboard shows them (``store.admin_interface.TenantRate``
+    and its ``tenant``: the name, or the namespace hex for another model or format)."""
+
+    namespace: str
+    prompt_tokens: int
+    cached_tokens: int
+    hit_rate: float | None
+    last_hour: TokenWindow
+    tenant: str
+
+
 def tenant_names(loaded: LoadedModel, api_keys: Mapping[str, str] | None) -> dict[str, str]:
     """Tenant name by namespace hex, for every tenant of the API keys table and ``default``."""
     names = {DEFAULT_TENANT, *(api_keys or {}).values()}
@@ -76,7 +107,7 @@ def hot_prefixes(
     scope: Namespace | None,
     viewer: Namespace | None,
     api_keys: Mapping[str, str] | None,
-) -> list[dict[str, Any]] | None:
+) -> list[HotPrefixPanel] | None:
     """The hot prefixes of ``scope`` (None: every namespace), each with its ``tenant`` (name, or
     the namespace hex for another model or format) and ``text``: the first characters of its
     prompt for the ``viewer``'s namespace, else None (another tenant's prompt is never shown)."""
@@ -84,20 +115,39 @@ def hot_prefixes(
     if rows is None:
         return None
     names = tenant_names(loaded, api_keys)
-    for row in rows:
-        ids = row.pop("token_ids")
-        row["tenant"] = names.get(row["namespace"], row["namespace"])
-        row["text"] = None if ids is None else prefix_text(loaded.tokenizer, ids)
-    return rows
+    return [
+        HotPrefixPanel(
+            namespace=row.namespace,
+            hits=row.hits,
+            tokens_saved=row.tokens_saved,
+            blocks=row.blocks,
+            cached_tokens=row.cached_tokens,
+            bytes=row.bytes,
+            ttl_seconds=row.ttl_seconds,
+            tenant=names.get(row.namespace, row.namespace),
+            text=None if row.token_ids is None else prefix_text(loaded.tokenizer, row.token_ids),
+        )
+        for row in rows
+    ]
 
 
 def tenant_rates(
     cache: CacheAdmin, loaded: LoadedModel, api_keys: Mapping[str, str] | None
-) -> list[dict[str, Any]] | None:
+) -> list[TenantPanel] | None:
     """Hit rates per namespace with traffic (``CacheAdmin.tenant_rates``), each with its
     ``tenant``: the name, or the namespace hex for another model or format."""
     names = tenant_names(loaded, api_keys)
     rows = cache.tenant_rates([Namespace(bytes.fromhex(ns)) for ns in names])
-    for row in rows or ():
-        row["tenant"] = names.get(row["namespace"], row["namespace"])
-    return rows
+    if rows is None:
+        return None
+    return [
+        TenantPanel(
+            r.namespace,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.hit_rate,
+            r.last_hour,
+            names.get(r.namespace, r.namespace),
+        )
+        for r in rows
+    ]

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from store.background import yield_to_requests
 
@@ -21,6 +21,15 @@ log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 30.0
 KEEP_S = 3600.0
+
+
+@dataclass(frozen=True)
+class UsagePoint:
+    """What the cache held at ``at`` (Unix seconds): blocks and blob bytes."""
+
+    at: float
+    blocks: int
+    bytes: int
 
 
 class UsageHistory:
@@ -61,8 +70,8 @@ class UsageHistory:
             with self._lock:
                 self._samples.append((time.time(), *held))
 
-    def points(self) -> list[dict[str, Any]]:
-        """``{"at": Unix seconds, "blocks", "bytes"}`` of the last hour, oldest first."""
+    def points(self) -> list[UsagePoint]:
+        """The samples of the last hour, oldest first."""
         since = time.time() - KEEP_S
         with self._lock:
-            return [{"at": t, "blocks": n, "bytes": b} for t, n, b in self._samples if t >= since]
+            return [UsagePoint(t, n, b) for t, n, b in self._samples if t >= since]

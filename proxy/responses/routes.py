@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import Finished
+from proxy.config import state_place
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named.bodies import refuse_cached_content
@@ -26,7 +27,7 @@ from proxy.responses.continuation import continuation
 from proxy.responses.events import events
 from proxy.responses.items import chat_messages, check_calls, input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param
-from proxy.responses.state import ResponseStore, StoredResponse, state_place
+from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
 from proxy.serving.running import complete, written_tokens
 from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.state import EngineDep, SettingsDep
@@ -37,13 +38,6 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 PARAMS = ("text.format.schema", "tools[{i}].parameters")
 """Where a bad answer schema and a bad tool schema are reported."""
-
-
-def get_responses(request: Request) -> ResponseStore:
-    return request.app.state.responses
-
-
-ResponsesDep = Annotated[ResponseStore, Depends(get_responses)]
 
 
 async def stored(

@@ -35,17 +35,14 @@ import struct
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import redis
 import xxhash
+from fastapi import Depends, Request
 
-from proxy.config import Settings
 from proxy.responses.continuation import Continuation
 from proxy.responses.scripts import DELETE, PUT
-from store.index.memory.index import MEMORY_URL
-from store.index.redis.connect import redact_url, redis_client
-from store.index.redis.faults import RedisPlace
 
 SEEN_EXTRA_S = 7 * 86_400
 """How much longer than a response its "seen" marker lives."""
@@ -221,30 +218,10 @@ def _digest(name: str) -> str:
     return name.partition(":")[0]
 
 
-STATE_TIMEOUT_S = 2.0
-"""The least time a Redis operation on stored responses may take: they are state, not cache, so
-a slow Redis delays them rather than losing them (the cache's ``--redis-timeout`` may be 0.25 s)."""
+def get_responses(request: Request) -> ResponseStore:
+    """The app's response store (``proxy.stores.open_responses``)."""
+    responses: ResponseStore = request.app.state.responses
+    return responses
 
 
-def state_timeout(settings: Settings) -> float:
-    """Seconds a Redis operation on stored responses or named caches may take."""
-    return max(settings.redis_timeout, STATE_TIMEOUT_S)
-
-
-def state_place(settings: Settings) -> RedisPlace:
-    """The Redis of stored responses and named caches as their warnings name it: its URL and their
-    own timeout (``state_timeout``)."""
-    longer = f"--redis-timeout or {STATE_TIMEOUT_S:g} s if longer"
-    return RedisPlace(redact_url(settings.redis_url), state_timeout(settings), longer)
-
-
-def open_responses(settings: Settings) -> ResponseStore:
-    """The response store ``--redis-url`` names (in this process for ``memory://``), with
-    ``--responses-ttl`` and ``--responses-max-bytes``, of which a tenant holds its share
-    (``Settings.tenant_budget``); nothing is contacted yet."""
-    ttl, budget = settings.responses_ttl, settings.responses_max_bytes
-    share = settings.tenant_budget(budget)
-    if settings.redis_url.startswith(MEMORY_URL):
-        return MemoryResponses(ttl, budget, share)
-    client = redis_client(settings.redis_url, state_timeout(settings))
-    return RedisResponses(client, settings.key_prefix, ttl, budget, share)
+ResponsesDep = Annotated[ResponseStore, Depends(get_responses)]

@@ -35,7 +35,7 @@ from proxy.http.errors import install_error_handlers
 from proxy.http.limits import BodySizeLimit
 from proxy.index_place import with_index
 from proxy.router import gemini
-from proxy.router.deps import RouteTenant, credentials, route_tenant, router_of
+from proxy.router.deps import RouterDep, RouteTenant, credentials, route_tenant
 from proxy.router.forward import forward, pass_through, while_connected
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
@@ -127,37 +127,38 @@ def create_route_app(settings: RouteSettings, identity: Identity | None = None) 
     return app
 
 
-async def _forward(request: Request, tenant: str, kind: Endpoint) -> Response:
+async def _forward(request: Request, router: Router, tenant: str, kind: Endpoint) -> Response:
     raw = await request.body()
-    return await while_connected(request, forward(router_of(request), request, kind, raw, tenant))
+    return await while_connected(request, forward(router, request, kind, raw, tenant))
 
 
 @api.post("/v1/chat/completions")
-async def chat(request: Request, tenant: RouteTenant) -> Response:
-    return await _forward(request, tenant, "chat")
+async def chat(request: Request, tenant: RouteTenant, router: RouterDep) -> Response:
+    return await _forward(request, router, tenant, "chat")
 
 
 @api.post("/v1/completions")
-async def completions(request: Request, tenant: RouteTenant) -> Response:
-    return await _forward(request, tenant, "completions")
+async def completions(request: Request, tenant: RouteTenant, router: RouterDep) -> Response:
+    return await _forward(request, router, tenant, "completions")
 
 
 @api.post("/v1/responses")
-async def responses(request: Request, tenant: RouteTenant) -> Response:
-    return await _forward(request, tenant, "responses")
+async def responses(request: Request, tenant: RouteTenant, router: RouterDep) -> Response:
+    return await _forward(request, router, tenant, "responses")
 
 
 @api.post("/v1/messages")
-async def messages(request: Request, tenant: RouteTenant) -> Response:
-    return await _forward(request, tenant, "messages")
+async def messages(request: Request, tenant: RouteTenant, router: RouterDep) -> Response:
+    return await _forward(request, router, tenant, "messages")
 
 
 @api.get("/v1/responses/{response_id}")
 @api.delete("/v1/responses/{response_id}")
 @api.get("/v1/responses/{response_id}/input_items")
-async def stored_response(request: Request, response_id: str, tenant: RouteTenant) -> Response:
+async def stored_response(
+    request: Request, response_id: str, tenant: RouteTenant, router: RouterDep
+) -> Response:
     """A stored response, from the replica that answered it (any other shares its Redis)."""
-    router = router_of(request)
     return await pass_through(router, request, await router.response_replica(tenant, response_id))
 
 
@@ -165,15 +166,14 @@ async def stored_response(request: Request, response_id: str, tenant: RouteTenan
 @api.post("/tokenize", dependencies=[Depends(route_tenant)])
 @api.post("/detokenize", dependencies=[Depends(route_tenant)])
 @api.get("/version")
-async def no_prompt(request: Request) -> Response:
+async def no_prompt(request: Request, router: RouterDep) -> Response:
     """Routes that compute nothing worth routing for: the least loaded replica answers."""
-    return await pass_through(router_of(request), request)
+    return await pass_through(router, request)
 
 
 @api.get("/v1/models")
-async def models(request: Request, _: Tenant) -> dict[str, Any]:
+async def models(request: Request, _: Tenant, router: RouterDep) -> dict[str, Any]:
     """The union of the models the replicas that are up list (the first listing wins)."""
-    router = router_of(request)
 
     async def listed(url: str) -> list[dict[str, Any]]:
         replica = router.replicas.get(url)
@@ -194,15 +194,14 @@ async def models(request: Request, _: Tenant) -> dict[str, Any]:
 
 
 @api.get("/v1/models/{model_id:path}", dependencies=[Depends(route_tenant)])
-async def model(request: Request, model_id: str) -> Response:
+async def model(request: Request, model_id: str, router: RouterDep) -> Response:
     """One model, from the least loaded replica serving it."""
-    return await pass_through(router_of(request), request, model=model_id)
+    return await pass_through(router, request, model=model_id)
 
 
 @api.get("/health")
-async def health(request: Request) -> JSONResponse:
+async def health(router: RouterDep) -> JSONResponse:
     """200 while some replica is up; ``degraded`` while Redis is down (local counts only)."""
-    router = router_of(request)
     up = {r.url: r.available for r in router.replicas.all}
     redis = "off" if router.index is None else ("ok" if router.redis_ok else "down")
     status = "ok" if any(up.values()) and redis != "down" else "degraded"
@@ -217,13 +216,12 @@ async def health(request: Request) -> JSONResponse:
 
 
 @api.get("/metrics", dependencies=[Depends(require_operator)])
-async def metrics(request: Request) -> Response:
-    return Response(generate_latest(router_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+async def metrics(router: RouterDep) -> Response:
+    return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @api.get("/stats", dependencies=[Depends(require_operator)])
-async def stats(request: Request) -> dict[str, Any]:
-    router = router_of(request)
+async def stats(router: RouterDep) -> dict[str, Any]:
     up = {r.url: r.available for r in router.replicas.all}
     return {"policy": router.settings.policy} | router.metrics.stats(up, dict(router.replicas.inflight))
 

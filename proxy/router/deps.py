@@ -1,5 +1,6 @@
 """What the router's routes ask of a request: whose traffic it is (the route tenant), the
-``Router`` on ``app.state``, and the client's credentials as they are passed on to replicas."""
+``Router`` on ``app.state`` (``RouterDep``; the API keys are ``proxy.http.auth.ApiKeysDep``),
+and the client's credentials as they are passed on to replicas."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from typing import Annotated
 import xxhash
 from fastapi import Depends, Request
 
-from proxy.http.auth import CREDENTIAL_HEADERS, DEFAULT_TENANT, credential, get_tenant
+from proxy.http.auth import CREDENTIAL_HEADERS, DEFAULT_TENANT, ApiKeysDep, credential, get_tenant
 from proxy.router.routing import Router
 
 
-def route_tenant(request: Request) -> str:
+def route_tenant(request: Request, api_keys: ApiKeysDep) -> str:
     """Whose traffic a request counts as in the route index: the tenant of the router's own API key
     (``--api-keys``), or without them a digest of the key the client sends on to the replicas
     (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key`` or Gemini's ``?key=``; an
@@ -24,7 +25,7 @@ def route_tenant(request: Request) -> str:
         OpenAIError: 401 when the router has keys and the request's is missing or wrong; 400 when
             the request carries two different credentials.
     """
-    if request.app.state.api_keys is not None:
+    if api_keys is not None:
         return get_tenant(request)
     found = credential(request)
     return DEFAULT_TENANT if found is None else f"key-{xxhash.xxh3_64_hexdigest(found.value.encode())}"
@@ -33,10 +34,13 @@ def route_tenant(request: Request) -> str:
 RouteTenant = Annotated[str, Depends(route_tenant)]
 
 
-def router_of(request: Request) -> Router:
+def get_router(request: Request) -> Router:
     """The app's ``Router`` (made by its lifespan)."""
     router: Router = request.app.state.router
     return router
+
+
+RouterDep = Annotated[Router, Depends(get_router)]
 
 
 def credentials(request: Request) -> tuple[dict[str, str], dict[str, str]]:

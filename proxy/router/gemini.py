@@ -23,30 +23,30 @@ from fastapi.responses import Response
 
 from proxy.gemini.protocol import model_name
 from proxy.http.numbers import page_bounds
-from proxy.router.deps import RouteTenant, credentials, router_of
+from proxy.router.deps import RouterDep, RouteTenant, credentials
 from proxy.router.forward import forward, pass_through, while_connected
 from proxy.router.named import PAGE_MOST, PREFIX, holder, learn, listing, named_in
 from proxy.router.policy import Endpoint
+from proxy.router.routing import Router
 
 api = APIRouter()
 
 
-async def _forward(request: Request, tenant: str, kind: Endpoint) -> Response:
+async def _forward(request: Request, router: Router, tenant: str, kind: Endpoint) -> Response:
     raw = await request.body()
-    return await while_connected(request, forward(router_of(request), request, kind, raw, tenant))
+    return await while_connected(request, forward(router, request, kind, raw, tenant))
 
 
 @api.post("/v1beta/models/{model}:generateContent")
 @api.post("/v1beta/models/{model}:streamGenerateContent")
-async def generate(request: Request, tenant: RouteTenant) -> Response:
+async def generate(request: Request, tenant: RouteTenant, router: RouterDep) -> Response:
     """Routed by the prompt (to the replica holding the named cache it names, if any)."""
-    return await _forward(request, tenant, "gemini")
+    return await _forward(request, router, tenant, "gemini")
 
 
 @api.post("/v1beta/models/{model}:countTokens")
-async def count_tokens(request: Request, model: str, tenant: RouteTenant) -> Response:
+async def count_tokens(request: Request, model: str, tenant: RouteTenant, router: RouterDep) -> Response:
     """To the replica holding the named cache the body names, else the least loaded one."""
-    router = router_of(request)
     try:
         body = json.loads(await request.body() or b"{}")
     except ValueError:
@@ -57,14 +57,13 @@ async def count_tokens(request: Request, model: str, tenant: RouteTenant) -> Res
 
 
 @api.get("/v1beta/models")
-async def models(request: Request, _: RouteTenant) -> dict[str, Any]:
+async def models(request: Request, _: RouteTenant, router: RouterDep) -> dict[str, Any]:
     """The union of the ``Model`` resources the replicas that are up list (the first wins),
     paged by the router as a replica pages its own (``pageSize``, ``pageToken``).
 
     Raises:
         OpenAIError: 400 for a ``pageSize`` or ``pageToken`` this router did not give.
     """
-    router = router_of(request)
     query = request.query_params
     start, size = page_bounds(query.get("pageToken", ""), query.get("pageSize", "50"), PAGE_MOST)
     headers, params = credentials(request)
@@ -93,32 +92,32 @@ async def models(request: Request, _: RouteTenant) -> dict[str, Any]:
 
 
 @api.get("/v1beta/models/{model}")
-async def model(request: Request, model: str, _: RouteTenant) -> Response:
+async def model(request: Request, model: str, _: RouteTenant, router: RouterDep) -> Response:
     """From the least loaded replica serving ``model``."""
-    return await pass_through(router_of(request), request, model=model_name(model))
+    return await pass_through(router, request, model=model_name(model))
 
 
 @api.post("/v1beta/cachedContents")
-async def create_cache(request: Request, tenant: RouteTenant) -> Response:
+async def create_cache(request: Request, tenant: RouteTenant, router: RouterDep) -> Response:
     """Routed as a prompt starting with the content would be; the router then remembers which
     replica holds the cache, until its expiry."""
-    response = await _forward(request, tenant, "cached_contents")
-    await learn(router_of(request), tenant, response)
+    response = await _forward(request, router, tenant, "cached_contents")
+    await learn(router, tenant, response)
     return response
 
 
 @api.get("/v1beta/cachedContents")
-async def list_caches(request: Request, _: RouteTenant) -> Response:
+async def list_caches(request: Request, _: RouteTenant, router: RouterDep) -> Response:
     """The tenant's caches on every replica, paged by the router (``proxy.router.named``)."""
-    return await listing(router_of(request), request)
+    return await listing(router, request)
 
 
 @api.get("/v1beta/cachedContents/{cache_id}")
 @api.patch("/v1beta/cachedContents/{cache_id}")
 @api.delete("/v1beta/cachedContents/{cache_id}")
-async def named_cache(request: Request, cache_id: str, tenant: RouteTenant) -> Response:
+async def named_cache(request: Request, cache_id: str, tenant: RouteTenant, router: RouterDep) -> Response:
     """To the replica holding the cache (a new expiry is remembered; a deleted cache forgotten)."""
-    router, name = router_of(request), PREFIX + cache_id
+    name = PREFIX + cache_id
     response = await pass_through(router, request, await holder(router, request, tenant, name))
     if request.method == "PATCH":
         await learn(router, tenant, response)

@@ -7,7 +7,8 @@ import json
 import tarfile
 import time
 from collections.abc import Iterable
-from typing import IO, Any
+from dataclasses import asdict, dataclass
+from typing import IO
 
 import xxhash
 
@@ -18,6 +19,43 @@ from store.interface import KVSpec
 from store.parts import StoreParts
 from store.serde import BlockVerificationError, read_header
 from store.snapshot.format import KIND, MANIFEST, SNAPSHOT_VERSION, add_member, block_member, verify
+
+
+@dataclass(frozen=True)
+class ManifestBlock:
+    """One block as an export's manifest lists it: hash and parent (hex; None for block 0), its
+    position in the chain, tokens, blob bytes and the blob's xxh3_128 (hex)."""
+
+    hash: str
+    parent: str | None
+    index: int
+    tokens: int
+    bytes: int
+    xxh3_128: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What an export wrote (``store.snapshot.format``'s manifest): when (Unix seconds), the
+    served name, the identity, the blocks, and how many indexed blocks could not be read or
+    did not verify (``skipped``)."""
+
+    created: float
+    model: str
+    identity: NamespaceIdentity
+    blocks: list[ManifestBlock]
+    skipped: int
+
+    def as_json(self) -> dict[str, object]:
+        """The manifest as ``manifest.json`` holds it."""
+        head: dict[str, object] = {
+            "kind": KIND,
+            "snapshot_version": SNAPSHOT_VERSION,
+            "created": self.created,
+            "model": self.model,
+        }
+        blocks = [asdict(b) for b in self.blocks]
+        return head | self.identity.manifest() | {"blocks": blocks, "skipped": self.skipped}
 
 
 def namespace_blocks(index: BlockIndex, namespace: Namespace) -> list[BlockHash]:
@@ -43,7 +81,7 @@ def write_snapshot(
     identity: NamespaceIdentity,
     hashes: Iterable[BlockHash],
     model: str = "",
-) -> dict[str, Any]:
+) -> Manifest:
     """Write the blocks ``hashes`` of ``identity``'s namespace that are indexed, readable and
     verify into a snapshot archive on ``out``; returns the manifest (``model``: the served name
     it records). Blocks the index does not hold are left out; the manifest's ``skipped`` counts
@@ -56,7 +94,7 @@ def write_snapshot(
     wanted = list(dict.fromkeys(hashes))
     missing = parts.index.missing(namespace, wanted) if wanted else []
     indexed = [h for h, gone in zip(wanted, missing, strict=True) if not gone]
-    listed: list[dict[str, Any]] = []
+    listed: list[ManifestBlock] = []
     with tarfile.open(fileobj=out, mode="w|") as tar:
         for block_hash in indexed:
             try:
@@ -70,22 +108,17 @@ def write_snapshot(
             except (OSError, ValueError, BlockVerificationError):
                 continue  # NOTE: only blocks that verify travel; the rest are counted as skipped
             add_member(tar, block_member(block_hash.hex()), data)
+            digest = xxhash.xxh3_128_hexdigest(data)
             listed.append(
-                {
-                    "hash": block_hash.hex(),
-                    "parent": parent.hex() if parent else None,
-                    "index": position,
-                    "tokens": BLOCK_SIZE,
-                    "bytes": len(data),
-                    "xxh3_128": xxhash.xxh3_128_hexdigest(data),
-                }
+                ManifestBlock(
+                    block_hash.hex(),
+                    parent.hex() if parent else None,
+                    position,
+                    BLOCK_SIZE,
+                    len(data),
+                    digest,
+                )
             )
-        manifest = {
-            "kind": KIND,
-            "snapshot_version": SNAPSHOT_VERSION,
-            "created": time.time(),
-            "model": model,
-        }
-        manifest |= identity.manifest() | {"blocks": listed, "skipped": len(indexed) - len(listed)}
-        add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
+        manifest = Manifest(time.time(), model, identity, listed, len(indexed) - len(listed))
+        add_member(tar, MANIFEST, json.dumps(manifest.as_json(), indent=1).encode())
     return manifest

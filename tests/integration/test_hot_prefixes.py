@@ -41,14 +41,14 @@ def test_hits_rank_prefixes_by_tokens_saved(make_cache, redis_client, key_prefix
     size = json.loads(redis_client.get(IndexKeys(key_prefix).block(NS, hashes[2])))["bytes"]
     rows = cache.admin.hot_prefixes(NS, readable=NS)
     passed = time.monotonic() - since + 1  # NOTE: + 1 s: Redis rounds a TTL to the second
-    assert [(r["hits"], r["tokens_saved"], r["blocks"], r["cached_tokens"]) for r in rows] == [
+    assert [(r.hits, r.tokens_saved, r.blocks, r.cached_tokens) for r in rows] == [
         (2, 2 * 384, 3, 384),
         (1, 256, 2, 256),
     ]
-    assert rows[0]["bytes"] == 3 * size and rows[0]["namespace"] == NS.hex()
-    assert 600 - passed <= rows[0]["ttl_seconds"] <= 600
-    assert rows[0]["token_ids"] == rows[1]["token_ids"] == IDS[:BLOCK_SIZE]
-    assert [r["token_ids"] for r in cache.admin.hot_prefixes(NS)] == [None, None]  # not the viewer's
+    assert rows[0].bytes == 3 * size and rows[0].namespace == NS.hex()
+    assert 600 - passed <= rows[0].ttl_seconds <= 600
+    assert rows[0].token_ids == rows[1].token_ids == IDS[:BLOCK_SIZE]
+    assert [r.token_ids for r in cache.admin.hot_prefixes(NS)] == [None, None]  # not the viewer's
 
 
 def test_expired_prefixes_are_skipped_and_forgotten(make_cache, redis_client, key_prefix) -> None:
@@ -66,16 +66,16 @@ def test_expired_prefixes_are_skipped_and_forgotten(make_cache, redis_client, ke
     keys = IndexKeys(key_prefix)
     hashes = block_hashes(IDS, NS)
     redis_client.expire(keys.block(NS, hashes[2]), 42)
-    shown = [r["ttl_seconds"] for r in cache.admin.hot_prefixes(NS)]
+    shown = [r.ttl_seconds for r in cache.admin.hot_prefixes(NS)]
     passed = time.monotonic() - since + 1  # NOTE: + 1 s: Redis rounds a TTL to the second
     assert len(shown) == 2 and 42 - passed <= shown[0] <= 42 and 600 - passed <= shown[1] <= 600
 
     redis_client.delete(keys.block(NS, hashes[2]))  # as if its TTL ran out
-    assert [r["blocks"] for r in cache.admin.hot_prefixes(NS)] == [1]
+    assert [r.blocks for r in cache.admin.hot_prefixes(NS)] == [1]
     members = redis_client.zrange(keys.of(NS.hex(), "hot"), 0, -1)
     assert members == [hashes[0].hex().encode()]
     assert redis_client.hkeys(keys.of(NS.hex(), "hot:hits")) == members
-    everyone = {(r["namespace"], r["blocks"]) for r in cache.admin.hot_prefixes(None)}
+    everyone = {(r.namespace, r.blocks) for r in cache.admin.hot_prefixes(None)}
     assert everyone == {(NS.hex(), 1), (OTHER.hex(), 1)}
 
 
@@ -87,7 +87,7 @@ def test_tenant_rates_per_namespace(make_cache) -> None:
     cache.lookup(NS, IDS)
     cache.lookup(OTHER, IDS)
     assert cache.flush(HANG_S)
-    rows = {r["namespace"]: r for r in cache.admin.tenant_rates([OTHER])}
-    assert rows[NS.hex()]["prompt_tokens"] == len(IDS) and rows[NS.hex()]["cached_tokens"] == 384
-    assert rows[NS.hex()]["last_hour"]["hit_rate"] == 384 / len(IDS)
-    assert rows[OTHER.hex()]["hit_rate"] == 0.0  # known, never published: listed from ``known``
+    rows = {r.namespace: r for r in cache.admin.tenant_rates([OTHER])}
+    assert rows[NS.hex()].prompt_tokens == len(IDS) and rows[NS.hex()].cached_tokens == 384
+    assert rows[NS.hex()].last_hour.hit_rate == 384 / len(IDS)
+    assert rows[OTHER.hex()].hit_rate == 0.0  # known, never published: listed from ``known``

@@ -19,12 +19,12 @@ import redis
 from click.testing import CliRunner
 
 from proxy.cli import main
-from proxy.responses.state import open_responses, state_place
+from proxy.config import state_place
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
 from proxy.router.routing import Router
 from proxy.router.settings import RouteSettings
-from proxy.stores import open_admin, open_cache
+from proxy.stores import open_admin, open_cache, open_responses
 from store.index.redis.connect import redis_client
 from store.index.redis.faults import redis_fault
 from tests.helpers import SPEC, RedisServer, free_port

@@ -290,7 +290,7 @@ def test_an_import_is_published_as_saves_are(
         assert len(trips) <= 6, trips  # exists + namespace set + one publish script + the budget's sums
         assert cache.flush(HANG_S)
         assert cache.admin.stats().blocks_saved == saved + 6
-        assert cache.admin.deployment_stats(tiny_model.namespace("default"))["blocks_saved"] == 6
+        assert cache.admin.deployment_stats(tiny_model.namespace("default")).totals["blocks_saved"] == 6
         hashes = block_hashes(prompt, tiny_model.namespace("default"))
         assert all(cache.parts.ram.get(tiny_model.namespace("default"), h) is not None for h in hashes)
 

@@ -28,13 +28,13 @@ def test_hot_prefixes_in_memory(tmp_path) -> None:
     assert cache.flush(HANG_S)
     clock.advance(100)
     rows = cache.admin.hot_prefixes(NS, readable=NS)
-    assert [(r["hits"], r["tokens_saved"], r["blocks"], r["ttl_seconds"]) for r in rows] == [
+    assert [(r.hits, r.tokens_saved, r.blocks, r.ttl_seconds) for r in rows] == [
         (3, 3 * 384, 3, 500),
         (1, 128, 1, 500),
     ]
-    assert rows[0]["token_ids"] == IDS[:BLOCK_SIZE]
+    assert rows[0].token_ids == IDS[:BLOCK_SIZE]
     last = index.entries([member_name(NS, block_hashes(IDS, NS)[2])])[0]
-    assert last is not None and rows[0]["bytes"] == 3 * last.size
+    assert last is not None and rows[0].bytes == 3 * last.size
     clock.advance(501)
     assert cache.admin.hot_prefixes(NS) == []
 
@@ -48,4 +48,4 @@ def test_at_most_keep_prefixes_per_namespace(tmp_path, monkeypatch) -> None:
     for blocks in (1, 2, 3):
         cache.lookup(NS, IDS[: blocks * BLOCK_SIZE + 1])
     assert cache.flush(HANG_S)
-    assert [r["tokens_saved"] for r in cache.admin.hot_prefixes(NS)] == [384, 256]
+    assert [r.tokens_saved for r in cache.admin.hot_prefixes(NS)] == [384, 256]
