@@ -22,7 +22,7 @@ from proxy.anthropic.turns import content_error, prefill
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named.bodies import messages_body
-from proxy.serving.ahead import chat_boundaries, render_ahead
+from proxy.serving.ahead import render_ahead, system_boundary
 from proxy.serving.facts import served_model
 from proxy.serving.running import complete, start, written_tokens
 from proxy.serving.streaming import event_stream, json_response, new_id
@@ -82,7 +82,9 @@ def render(engine: Engine, body: anthropic.MessagesRequest, tools: ToolSet | Non
             positions += [(end, min(ttl, max_ttl)) for ttl in marks]
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
-    boundaries = {p for p, _ in positions} | set(chat_boundaries(engine, messages, ids, None, template_tools))
+    boundaries = {p for p, _ in positions} | set(
+        system_boundary(tokenizer, messages, ids, None, template_tools)
+    )
     ttls = breakpoint_ttls(len(ids), sorted(positions))
     return Prompt(ids, ttls, tuple(sorted(boundaries)), messages, template_tools, raw)
 
@@ -163,7 +165,7 @@ async def messages(
     # NOTE: after a prefill, the next turn holds the whole assistant turn: prefill and continuation
     prefilled = prefill(body)
     history = prompt.messages[:-1] if prefilled else prompt.messages
-    ahead = render_ahead(engine, settings, history, generation, None, prompt.tools)
+    ahead = render_ahead(engine, engine.loaded.tokenizer, settings, history, generation, None, prompt.tools)
     if ahead is not None and prefilled:
         ahead = partial(_continued, ahead, prefilled)
     tokenizer = engine.loaded.tokenizer
