@@ -22,9 +22,10 @@ from proxy.anthropic.turns import content_error, prefill
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named.bodies import messages_body
-from proxy.serving.ahead import render_ahead, system_boundary
+from proxy.serving.ahead import system_boundary
 from proxy.serving.facts import served_model
 from proxy.serving.running import complete, start, written_tokens
+from proxy.serving.starting import render_ahead
 from proxy.serving.streaming import event_stream, json_response, new_id
 from proxy.serving.validation import check_model, completion_budget
 from proxy.state import CacheDep, EngineDep, SettingsDep

@@ -10,7 +10,7 @@ against the vocabulary. Every fault is a 400 naming the field.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hashing import BLOCK_SIZE
 from proxy.http.errors import OpenAIError
@@ -19,7 +19,9 @@ from proxy.serving.turn import Rendered, Turn
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages, tools_span
 from proxy.tools.rendering import RenderError, render_chat
-from store.interface import TtlPlan
+
+if TYPE_CHECKING:
+    from store.interface import TtlPlan
 
 
 def render_turn(tokenizer: Any, vocab_size: int, turn: Turn) -> Rendered:

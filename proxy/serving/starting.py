@@ -1,11 +1,13 @@
 """Starting a turn (``proxy.serving.turn``) on the engine, and reading its whole answer: the one
 path every dialect's generating route takes, so the same conversation gets the same prompt,
-boundaries, TTLs and answer grammar whichever API it came through."""
+boundaries, TTLs, sampling and answer grammar whichever API it came through. The engine's
+``GenerationRequest`` is built here, and the next turn's start is handed to it ahead."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -14,17 +16,21 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.requests import Finished, GenerationRequest, TokenDelta
+from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.config import Settings
-from proxy.serving.ahead import render_ahead
+from proxy.http.errors import OpenAIError
+from proxy.serving.ahead import next_turn_start
 from proxy.serving.facts import ModelFacts
 from proxy.serving.prompts import layout, render_turn
 from proxy.serving.running import Started, complete, start
-from proxy.serving.turn import Rendered, Turn, Usage
-from proxy.serving.validation import check_model, generation_request
+from proxy.serving.turn import Rendered, Sampling, Turn, Usage
+from proxy.serving.validation import check_model, completion_budget, token_bias
 from proxy.tools.answer import AnswerPlan, plan_answer
 from proxy.tools.prompt import tools_span
+from proxy.tools.rendering import TemplateMessage
 from proxy.tools.spec import ToolCall
+from store.interface import TtlPlan
 
 
 @dataclass(frozen=True)
@@ -122,3 +128,74 @@ async def finish_turn(begun: Begun, request: Request) -> Answer:
     assert result.finished is not None  # NOTE: a completion that ends without error is finished
     text, calls = begun.plan.read(result.text)
     return Answer(result.text, text, calls, result.finished, result.tokens, result.usage)
+
+
+def sampling_params(sampling: Sampling, vocab_size: int) -> SamplingParams:
+    """The engine's sampling parameters: OpenAI's defaults for the fields not given (temperature
+    and top_p 1, no seed, no penalties, no bias).
+
+    Raises:
+        ValueError: a ``logit_bias`` key outside the vocabulary (``token_bias``).
+    """
+    bias = token_bias(sampling.logit_bias, vocab_size)
+    return SamplingParams(
+        temperature=1.0 if sampling.temperature is None else sampling.temperature,
+        top_p=1.0 if sampling.top_p is None else sampling.top_p,
+        seed=sampling.seed,
+        presence_penalty=sampling.presence_penalty or 0.0,
+        frequency_penalty=sampling.frequency_penalty or 0.0,
+        logit_bias=tuple(bias.items()),
+    )
+
+
+def generation_request(
+    facts: ModelFacts, settings: Settings, turn: Turn, prompt_ids: list[int], ttl: TtlPlan
+) -> GenerationRequest:
+    """Check the prompt's length against the context and build the engine's request for ``turn``
+    (its blocks kept as ``ttl`` plans).
+
+    Raises:
+        OpenAIError: see ``completion_budget``; a ``logit_bias`` key outside the vocabulary (400).
+    """
+    budget = completion_budget(facts, settings, len(prompt_ids), turn.max_tokens, turn.params.prompt)
+    try:
+        sampling = sampling_params(turn.sampling, facts.vocab_size)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="logit_bias") from exc
+    return GenerationRequest(
+        prompt_ids=tuple(prompt_ids),
+        max_tokens=budget,
+        sampling=sampling,
+        stop=turn.stop,
+        top_logprobs=turn.top_logprobs,
+        tenant=turn.tenant,
+        cache_ttl_s=ttl,
+    )
+
+
+def render_ahead(
+    engine: Engine,
+    tokenizer: Any,
+    settings: Settings,
+    messages: Sequence[TemplateMessage],
+    generation: GenerationRequest,
+    data: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> Callable[[str], object] | None:
+    """What ``proxy.serving.running.start`` calls with a chat turn's answer: the next turn's
+    start, rendered on a worker thread, handed to the engine (``Engine.render_ahead``) with the
+    request's tenant and TTLs (``tokenizer``: the served model's). None when the cache or
+    render-ahead is off."""
+    if engine.cache is None or settings.no_render_ahead:
+        return None
+    loop = asyncio.get_running_loop()
+
+    def job(answer: str) -> None:
+        ids = next_turn_start(tokenizer, messages, answer, data, tools)
+        if len(ids) > len(generation.prompt_ids):
+            ttls = generation.cache_ttl_s
+            engine.render_ahead(
+                GenerationRequest(tuple(ids), 1, tenant=generation.tenant, cache_ttl_s=ttls, prewarm=True)
+            )
+
+    return lambda answer: loop.run_in_executor(None, job, answer)

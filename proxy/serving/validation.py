@@ -1,19 +1,15 @@
-"""What a turn may ask of this server, turned into the engine's ``GenerationRequest``: the model,
-the prompt's length against the context, the sampling parameters and the TTL policy. Every
-refusal is an OpenAI-shaped error naming the field."""
+"""What a turn may ask of this server: the model, the prompt's length against the context, a
+``logit_bias``'s token ids, and the TTL policy. Every refusal is an OpenAI-shaped error naming
+the field. Nothing here loads torch (the router may check as a replica does)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine.requests import GenerationRequest
-from engine.sampling import SamplingParams
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.http.numbers import is_count
 from proxy.serving.facts import ModelFacts
-from proxy.serving.turn import Sampling, Turn
-from store.interface import TtlPlan
 
 RETENTION_S = {"24h": 86_400}
 """OpenAI's ``prompt_cache_retention`` values in seconds (``"in_memory"``: the server's TTL)."""
@@ -88,46 +84,3 @@ def token_bias(bias: Mapping[str, float] | None, vocab_size: int) -> dict[int, f
             raise ValueError(f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab_size})")
         out[int(key)] = value
     return out
-
-
-def sampling_params(sampling: Sampling, vocab_size: int) -> SamplingParams:
-    """The engine's sampling parameters: OpenAI's defaults for the fields not given (temperature
-    and top_p 1, no seed, no penalties, no bias).
-
-    Raises:
-        ValueError: a ``logit_bias`` key outside the vocabulary (``token_bias``).
-    """
-    bias = token_bias(sampling.logit_bias, vocab_size)
-    return SamplingParams(
-        temperature=1.0 if sampling.temperature is None else sampling.temperature,
-        top_p=1.0 if sampling.top_p is None else sampling.top_p,
-        seed=sampling.seed,
-        presence_penalty=sampling.presence_penalty or 0.0,
-        frequency_penalty=sampling.frequency_penalty or 0.0,
-        logit_bias=tuple(bias.items()),
-    )
-
-
-def generation_request(
-    facts: ModelFacts, settings: Settings, turn: Turn, prompt_ids: list[int], ttl: TtlPlan
-) -> GenerationRequest:
-    """Check the prompt's length against the context and build the engine's request for ``turn``
-    (its blocks kept as ``ttl`` plans).
-
-    Raises:
-        OpenAIError: see ``completion_budget``; a ``logit_bias`` key outside the vocabulary (400).
-    """
-    budget = completion_budget(facts, settings, len(prompt_ids), turn.max_tokens, turn.params.prompt)
-    try:
-        sampling = sampling_params(turn.sampling, facts.vocab_size)
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="logit_bias") from exc
-    return GenerationRequest(
-        prompt_ids=tuple(prompt_ids),
-        max_tokens=budget,
-        sampling=sampling,
-        stop=turn.stop,
-        top_logprobs=turn.top_logprobs,
-        tenant=turn.tenant,
-        cache_ttl_s=ttl,
-    )

@@ -12,8 +12,9 @@ from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.serving.facts import ModelFacts
 from proxy.serving.prompts import layout, render_turn, ttl_plan
+from proxy.serving.starting import sampling_params
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
-from proxy.serving.validation import check_model, completion_budget, sampling_params
+from proxy.serving.validation import check_model, completion_budget
 from proxy.tools.rendering import render_chat
 
 SYSTEM = {"role": "system", "content": "You answer questions about the weather. " * 12}
