@@ -20,7 +20,7 @@ from engine.worker import Engine
 from hashing import BlockHash, Namespace
 from proxy.http.errors import OpenAIError, on_redis
 from proxy.named.registry import NamedCache, NamedCaches
-from proxy.serving.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, render_chat
 
 T = TypeVar("T")
 

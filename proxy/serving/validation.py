@@ -1,31 +1,24 @@
-"""Request validation and the TTL policy: what a body may ask of this server, turned into the
-engine's ``GenerationRequest``. Every refusal is an OpenAI-shaped error naming the field."""
+"""What a turn may ask of this server: the model, the prompt's length against the context, a
+``logit_bias``'s token ids, and the TTL policy. Every refusal is an OpenAI-shaped error naming
+the field. Nothing here loads torch (the router may check as a replica does)."""
 
 from __future__ import annotations
 
-from engine.requests import GenerationRequest
-from engine.sampling import SamplingParams
-from engine.worker import Engine
+from collections.abc import Mapping
+
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
-from proxy.openai.protocol import SamplingFields
+from proxy.http.numbers import is_count
+from proxy.serving.facts import ModelFacts
 
 RETENTION_S = {"24h": 86_400}
 """OpenAI's ``prompt_cache_retention`` values in seconds (``"in_memory"``: the server's TTL)."""
 
 
-def check_request(engine: Engine, body: SamplingFields) -> None:
-    """404 for another model, 400 naming the first field this server cannot honour."""
-    check_model(engine, body.model)
-    if (unsupported := body.unsupported_field()) is not None:
-        param, reason = unsupported
-        raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
-
-
-def check_model(engine: Engine, name: str) -> None:
+def check_model(facts: ModelFacts, name: str) -> None:
     """Raises a 404 ``model_not_found`` unless ``name`` is one of the served model's names."""
-    if name not in engine.loaded.served_names:
-        served = "', '".join(engine.loaded.served_names)
+    if name not in facts.served_names:
+        served = "', '".join(facts.served_names)
         raise OpenAIError(
             404,
             f"The model '{name}' does not exist; this server serves '{served}'",
@@ -40,10 +33,10 @@ def cache_ttl(settings: Settings, retention: str | None) -> int:
     return min(RETENTION_S.get(retention or "", settings.ttl), settings.max_ttl)
 
 
-def check_prompt_length(engine: Engine, n: int, param: str) -> None:
+def check_prompt_length(facts: ModelFacts, n: int, param: str) -> None:
     """400 ``context_length_exceeded`` naming ``param`` unless an ``n``-token prompt leaves room
     for at least one generated token."""
-    context = engine.loaded.context_length
+    context = facts.context_length
     if n >= context:
         raise OpenAIError(
             400,
@@ -54,7 +47,7 @@ def check_prompt_length(engine: Engine, n: int, param: str) -> None:
 
 
 def completion_budget(
-    engine: Engine, settings: Settings, n: int, max_tokens: int | None, prompt_param: str = "prompt"
+    facts: ModelFacts, settings: Settings, n: int, max_tokens: int | None, prompt_param: str = "prompt"
 ) -> int:
     """Tokens the completion may have: ``max_tokens``, or up to the context bounded by
     ``--default-max-tokens`` when absent (OpenAI's "up to the context").
@@ -64,8 +57,8 @@ def completion_budget(
     """
     if n == 0:
         raise OpenAIError(400, "the prompt is empty", param="prompt")
-    check_prompt_length(engine, n, prompt_param)
-    context = engine.loaded.context_length
+    check_prompt_length(facts, n, prompt_param)
+    context = facts.context_length
     if max_tokens is None:
         return min(context - n, settings.default_max_tokens)
     if n + max_tokens > context:
@@ -79,39 +72,15 @@ def completion_budget(
     return max_tokens
 
 
-def generation_request(
-    engine: Engine,
-    settings: Settings,
-    tenant: str,
-    body: SamplingFields,
-    prompt_ids: list[int],
-    max_tokens: int | None,
-    top_logprobs: int = 0,
-) -> GenerationRequest:
-    """Check lengths against the context and build the engine's request.
+def token_bias(bias: Mapping[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """A ``logit_bias`` object with token ids as ints.
 
     Raises:
-        OpenAIError: see ``completion_budget``; a ``logit_bias`` key outside the vocabulary (400).
+        ValueError: a key is not a token id of the vocabulary.
     """
-    prompt_param = "messages" if hasattr(body, "messages") else "prompt"
-    budget = completion_budget(engine, settings, len(prompt_ids), max_tokens, prompt_param)
-    try:
-        bias = body.token_bias(engine.loaded.model.config.vocab_size)
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="logit_bias") from exc
-    return GenerationRequest(
-        prompt_ids=tuple(prompt_ids),
-        max_tokens=budget,
-        sampling=SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            seed=body.seed,
-            presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            logit_bias=tuple(bias.items()),
-        ),
-        stop=body.stop_strings(),
-        top_logprobs=top_logprobs,
-        tenant=tenant,
-        cache_ttl_s=cache_ttl(settings, body.prompt_cache_retention),
-    )
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not is_count(key) or not 0 <= int(key) < vocab_size:  # NOTE: ASCII digits only
+            raise ValueError(f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab_size})")
+        out[int(key)] = value
+    return out
