@@ -9,17 +9,9 @@ caching marks the last block) and Messages (text blocks are non-empty).
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 from hashing import BLOCK_SIZE
-
-if TYPE_CHECKING:
-    from proxy.anthropic.protocol import MessagesRequest
-
-TTL_S = {"5m": 300, "1h": 3600}
-"""``cache_control.ttl`` in seconds (absent: 5 minutes)."""
-MAX_BREAKPOINTS = 4
-"""Anthropic's most ``cache_control`` marks in one request."""
+from proxy.anthropic.protocol import MAX_BREAKPOINTS, TTL_S, MessagesRequest
 
 
 def breakpoint_error(body: MessagesRequest) -> tuple[str, str] | None:

@@ -16,12 +16,12 @@ from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.anthropic import protocol as anthropic
 from proxy.anthropic.caching import breakpoint_error, breakpoint_ttls, creation
+from proxy.anthropic.named import messages_body
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content, message_tools, tool_breakpoints
 from proxy.anthropic.turns import content_error, prefill
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
-from proxy.named.bodies import messages_body
 from proxy.serving.ahead import chat_boundaries, render_ahead
 from proxy.serving.rendering import RenderError, render_chat
 from proxy.serving.running import complete, start, written_tokens

@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from proxy.anthropic.caching import TTL_S
-
 if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
     from engine.requests import Finished, PrefillDone
 
+
+TTL_S = {"5m": 300, "1h": 3600}
+"""``cache_control.ttl`` in seconds (absent: 5 minutes)."""
+MAX_BREAKPOINTS = 4
+"""Anthropic's most ``cache_control`` marks in one request."""
 
 Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 

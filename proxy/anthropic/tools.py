@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from proxy.anthropic.caching import TTL_S
+from proxy.anthropic.protocol import TTL_S
 from proxy.http.errors import OpenAIError
 from proxy.tools.limits import SchemaBudget, check_tool_count
 from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, json_value, make_tool, tool_set

@@ -94,7 +94,7 @@ async def _generation(
             context.
     """
     messages = await prompt_messages(engine, named, tenant, model, body)
-    ids = await run_in_threadpool(service.rendered, engine, messages)
+    ids = await run_in_threadpool(service.rendered, engine.loaded.tokenizer, messages)
     config = body.generation_config
     return GenerationRequest(
         prompt_ids=tuple(ids),

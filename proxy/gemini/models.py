@@ -68,4 +68,4 @@ async def count_tokens(
 ) -> dict[str, Any]:
     """``totalTokens``: the prompt's length, in tokens, as ``generateContent`` would render it."""
     messages = await prompt_messages(engine, named, tenant, model_name(model), body)
-    return {"totalTokens": len(await run_in_threadpool(service.rendered, engine, messages))}
+    return {"totalTokens": len(await run_in_threadpool(service.rendered, engine.loaded.tokenizer, messages))}

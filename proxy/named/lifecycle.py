@@ -56,7 +56,7 @@ async def create(
             ``--max-pinned-bytes`` or the budget itself, counting the creates under way
             (``_refuse``, ``proxy.named.ledger``); 503 when Redis is unreachable.
     """
-    ids = await run_in_threadpool(rendered, engine, messages, False)
+    ids = await run_in_threadpool(rendered, engine.loaded.tokenizer, messages, False)
     if len(ids) < BLOCK_SIZE:
         raise OpenAIError(
             400,
@@ -182,7 +182,8 @@ async def set_expiry(
         OpenAIError: 503 when Redis is unreachable.
     """
     namespace, hashes = chain(record)
-    ids = await run_in_threadpool(rendered, engine, record.messages, False)  # NOTE: the ids it pinned
+    # NOTE: the ids it pinned
+    ids = await run_in_threadpool(rendered, engine.loaded.tokenizer, record.messages, False)
     pinned = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expires))
     if pinned is None:
         raise OpenAIError.cache_unavailable(": the expiry was not changed")

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.worker import Engine
 from hashing import BlockHash, Namespace
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
@@ -61,14 +60,15 @@ def chain(record: NamedCache) -> tuple[Namespace, list[BlockHash]]:
     ]
 
 
-def rendered(engine: Engine, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
-    """``messages`` rendered as a prompt, or (``generation_prompt`` False) as a cache's content.
+def rendered(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
+    """``messages`` rendered by ``tokenizer``'s chat template as a prompt, or
+    (``generation_prompt`` False) as a cache's content.
 
     Raises:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
     try:
-        return render_chat(engine.loaded.tokenizer, messages, add_generation_prompt=generation_prompt)
+        return render_chat(tokenizer, messages, add_generation_prompt=generation_prompt)
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
 

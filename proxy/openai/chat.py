@@ -15,8 +15,8 @@ from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
-from proxy.named.bodies import chat_body
 from proxy.openai.logprobs import chat_logprobs
+from proxy.openai.named import chat_body
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.openai.tools import answer_schema, chat_tools, delta
 from proxy.serving.ahead import chat_boundaries, render_ahead

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
-from proxy.named.bodies import refuse_cached_content
+from proxy.named.field import refuse_cached_content
 from proxy.openai.logprobs import completion_logprobs
 from proxy.openai.protocol import CompletionRequest
 from proxy.serving.prompts import completion_prompt_ids

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.requests import Finished
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
-from proxy.named.bodies import refuse_cached_content
+from proxy.named.field import refuse_cached_content
 from proxy.openai.chat import ChatTurn, start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
