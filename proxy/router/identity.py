@@ -30,8 +30,8 @@ from hashing import (
     block_hashes,
     route_namespace,
 )
+from proxy.anthropic.chat import messages_chat
 from proxy.anthropic.protocol import MessagesRequest
-from proxy.anthropic.tools import message_tools
 from proxy.gemini.protocol import CachedContentRequest, GenerateContentRequest
 from proxy.gemini.protocol import chat_messages as gemini_messages
 from proxy.http.errors import OpenAIError
@@ -171,9 +171,8 @@ def _chat(kind: Endpoint, body: dict[str, Any]) -> Chat | None:
             )
             return gemini_messages(gemini.system_instruction, gemini.contents), None
         if kind == "messages":
-            request = MessagesRequest.model_validate(body)
-            extra = request.model_extra or {}
-            return request.template_messages()[0], message_tools(extra.get("tools"), extra.get("tool_choice"))
+            read = messages_chat(MessagesRequest.model_validate(body))
+            return read.messages, read.tools
         if kind == "responses":
             responses = ResponsesRequest.model_validate(body)
             system = [{"role": "system", "content": responses.instructions}] if responses.instructions else []
