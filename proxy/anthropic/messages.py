@@ -23,7 +23,7 @@ from proxy.anthropic.turns import content_error, prefill
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.serving.ahead import chat_boundaries, render_ahead
-from proxy.serving.rendering import RenderError, render_chat
+from proxy.serving.facts import served_model
 from proxy.serving.running import complete, start, written_tokens
 from proxy.serving.streaming import event_stream, json_response, new_id
 from proxy.serving.validation import check_model, completion_budget
@@ -31,6 +31,7 @@ from proxy.state import CacheDep, EngineDep, SettingsDep
 from proxy.tools.answer import AnswerPlan, plan_answer
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages, tools_span
+from proxy.tools.rendering import RenderError, render_chat
 from proxy.tools.spec import ToolSet
 
 router = APIRouter()
@@ -92,7 +93,7 @@ def accept(engine: Engine, body: anthropic.MessagesRequest) -> ToolSet | None:
     Raises:
         OpenAIError: 404 for a model not served, 400 naming a field that cannot be honoured.
     """
-    check_model(engine, body.model)
+    check_model(served_model(engine).facts, body.model)
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
@@ -136,14 +137,19 @@ async def messages(
     tools = await run_in_threadpool(accept, engine, body)  # NOTE: walks the tools' schemas
 
     def prepare() -> tuple[Prompt, AnswerPlan]:
-        plan = plan_answer(engine, tools, None, "", "tools[{i}].input_schema", "toolu_")
+        served = served_model(engine)
+        plan = plan_answer(
+            served.tokenizer, served.facts.vocab_size, tools, None, "", "tools[{i}].input_schema", "toolu_"
+        )
         return render(engine, body, tools, settings.max_ttl), plan
 
     prompt, plan = await run_in_threadpool(prepare)
     ids = prompt.ids
     generation = GenerationRequest(
         prompt_ids=tuple(ids),
-        max_tokens=completion_budget(engine, settings, len(ids), body.max_tokens, "messages"),
+        max_tokens=completion_budget(
+            served_model(engine).facts, settings, len(ids), body.max_tokens, "messages"
+        ),
         sampling=SamplingParams(
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
@@ -166,7 +172,7 @@ async def messages(
         if tools is None
         else partial(tools_span, tokenizer, prompt.raw, tools, tool_format(tokenizer), ids)
     )
-    started = await start(request, engine, generation, ahead, span)
+    started = await start(request, engine, *served_model(engine), generation, ahead, span)
     message_id = new_id("msg", "_")
     written = written_tokens(started.done, cache is not None, not settings.no_tails)
     split = creation(prompt.ttls, settings.ttl, started.done.cached_tokens, written)

@@ -15,38 +15,17 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from engine.requests import Failed, Finished, GenerationRequest
-from engine.worker import Engine
 from hashing import BLOCK_SIZE
 from proxy.cache_api.protocol import PrewarmRequest
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
-from proxy.serving.prompts import prompt_ids
-from proxy.serving.running import submit
+from proxy.openai.turns import prompt_ids
+from proxy.serving.facts import served_model
+from proxy.serving.running import store_prompt
 from proxy.serving.validation import check_model, check_prompt_length
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
 
 router = APIRouter()
-
-FLUSH_TIMEOUT_S = 30.0
-"""Most seconds the answer waits for the blocks to be stored and indexed."""
-
-
-async def store_prompt(engine: Engine, ids: list[int], tenant: str, ttl_s: int) -> None:
-    """Compute ``ids`` (a non-empty prompt) and store its full blocks and tail with a TTL of
-    ``ttl_s`` seconds, sampling nothing; returns once they are indexed (or ``FLUSH_TIMEOUT_S``
-    passed).
-
-    Raises:
-        OpenAIError: the engine's error for the prompt; 503 when it was cancelled.
-    """
-    request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl_s, prewarm=True)
-    async for event in submit(engine, request):
-        if isinstance(event, Failed):
-            raise event.error
-        if isinstance(event, Finished) and event.finish_reason == "cancelled":
-            raise OpenAIError(503, "the prompt's computation was cancelled", type="server_error")
-    await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)
 
 
 @router.post("/v1/cache/prewarm")
@@ -55,14 +34,21 @@ async def prewarm(
 ) -> dict[str, Any]:
     """Store the prompt's full blocks and tail; answer what was stored and what was already
     cached (blocks, and tokens: 128 per block, then the tail's)."""
+    tokenizer, facts = served_model(engine)
     if body.model is not None:
-        check_model(engine, body.model)
+        check_model(facts, body.model)
     ids = await run_in_threadpool(
-        prompt_ids, engine, body.messages, body.prompt, body.add_generation_prompt, body.tools
+        prompt_ids,
+        tokenizer,
+        facts.vocab_size,
+        body.messages,
+        body.prompt,
+        body.add_generation_prompt,
+        body.tools,
     )
-    check_prompt_length(engine, len(ids), "messages" if body.messages is not None else "prompt")
+    check_prompt_length(facts, len(ids), "messages" if body.messages is not None else "prompt")
     ttl = min(body.ttl or settings.ttl, settings.max_ttl)
-    namespace = engine.loaded.namespace(tenant)
+    namespace = facts.namespace(tenant)
     before = await run_in_threadpool(cache.indexed_tokens, namespace, ids)
     if before is None:
         raise OpenAIError.cache_unavailable(": nothing was cached")
@@ -74,7 +60,7 @@ async def prewarm(
     cached, indexed = before[0] * BLOCK_SIZE + before[1], after[0] * BLOCK_SIZE + after[1]
     return {
         "object": "cache.prewarm",
-        "model": engine.loaded.name,
+        "model": facts.name,
         "prompt_tokens": len(ids),
         "stored_blocks": max(0, after[0] - before[0]),
         "stored_tokens": max(0, indexed - cached),

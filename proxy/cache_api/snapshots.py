@@ -21,7 +21,8 @@ from hashing import NamespaceIdentity
 from proxy.cache_api.protocol import ExportRequest
 from proxy.http.auth import DEFAULT_TENANT, require_admin
 from proxy.http.errors import OpenAIError
-from proxy.serving.prompts import prompt_ids
+from proxy.openai.turns import prompt_ids
+from proxy.serving.facts import served_model
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
 from store.errors import StoreUnavailable
 from store.snapshot.format import SnapshotError, SnapshotMismatch
@@ -61,17 +62,24 @@ async def export(
             code="unknown_tenant",
         )
     prompts = None
+    tokenizer, facts = served_model(engine)
     if body.prompts is not None:
         prompts = [
             await run_in_threadpool(
-                prompt_ids, engine, p.messages, p.prompt, p.add_generation_prompt, p.tools
+                prompt_ids,
+                tokenizer,
+                facts.vocab_size,
+                p.messages,
+                p.prompt,
+                p.add_generation_prompt,
+                p.tools,
             )
             for p in body.prompts
         ]
     out: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
     try:
         manifest = await run_in_threadpool(
-            cache.export_snapshot, out, served[body.tenant], prompts, engine.loaded.name
+            cache.export_snapshot, out, served[body.tenant], prompts, facts.name
         )
     except StoreUnavailable as exc:
         out.close()

@@ -24,6 +24,7 @@ from proxy.http.errors import OpenAIError
 from proxy.http.numbers import page_bounds
 from proxy.named import lifecycle, service
 from proxy.named.registry import NamedCache, NamedCaches, tenant_digest
+from proxy.serving.facts import served_model
 from proxy.serving.validation import check_model
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
 from store.admin_interface import CacheAdmin
@@ -80,7 +81,7 @@ async def create(body: CachedContentRequest, c: CachingDep) -> dict[str, Any]:
     engine, settings = c.engine, c.settings
     if body.model is None:
         raise OpenAIError(400, "model: a cached content names its model", param="model")
-    check_model(engine, model_name(body.model))
+    check_model(served_model(engine).facts, model_name(body.model))
     refuse_unsupported(body)
     if not body.contents:
         raise OpenAIError(400, "contents: a cached content needs at least one content", param="contents")

@@ -23,6 +23,7 @@ from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named import service
 from proxy.named.registry import NamedCaches
+from proxy.serving.facts import served_model
 from proxy.serving.running import Started, complete, start
 from proxy.serving.streaming import event_stream, json_response, new_id, sse
 from proxy.serving.validation import check_model, completion_budget
@@ -69,7 +70,7 @@ async def prompt_messages(
         OpenAIError: 404 for a model not served or a cache not found; 400 for a field the
             prompt cannot be made from.
     """
-    check_model(engine, model)
+    check_model(served_model(engine).facts, model)
     refuse_unsupported(body)
     messages = chat_messages(body.system_instruction, body.contents)
     if not body.contents:
@@ -98,7 +99,9 @@ async def _generation(
     config = body.generation_config
     return GenerationRequest(
         prompt_ids=tuple(ids),
-        max_tokens=completion_budget(engine, settings, len(ids), config.max_output_tokens, "contents"),
+        max_tokens=completion_budget(
+            served_model(engine).facts, settings, len(ids), config.max_output_tokens, "contents"
+        ),
         sampling=SamplingParams(
             temperature=1.0 if config.temperature is None else config.temperature,
             top_p=1.0 if config.top_p is None else config.top_p,
@@ -126,7 +129,7 @@ async def generate(
     ``GenerateContentResponse`` each (the SDK asks ``alt=sse``)."""
     name, response_id = model_name(model), new_id("gen")
     generation = await _generation(engine, settings, named, tenant, name, body)
-    started = await start(request, engine, generation)
+    started = await start(request, engine, *served_model(engine), generation)
     if request.url.path.endswith(":streamGenerateContent"):
         return event_stream(started, _chunks(started, response_id, name))
     result = await complete(started, request)

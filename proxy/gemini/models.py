@@ -15,6 +15,7 @@ from proxy.gemini.protocol import GenerateContentRequest, model_name
 from proxy.http.auth import Tenant, get_tenant
 from proxy.http.numbers import page_bounds
 from proxy.named import service
+from proxy.serving.facts import served_model
 from proxy.serving.validation import check_model
 from proxy.state import EngineDep
 
@@ -58,7 +59,7 @@ async def listing(
 
 @router.get("/v1beta/models/{model}", dependencies=[Depends(get_tenant)])
 async def get(model: str, engine: EngineDep) -> dict[str, Any]:
-    check_model(engine, model_name(model))
+    check_model(served_model(engine).facts, model_name(model))
     return described(engine, model_name(model))
 
 

@@ -19,12 +19,13 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine
 from hashing import BLOCK_SIZE
-from proxy.cache_api.prewarm import store_prompt
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.named.ledger import Limits, Refusal
 from proxy.named.registry import NamedCache, NamedCaches
 from proxy.named.service import chain, on_state, rendered
+from proxy.serving.facts import served_model
+from proxy.serving.running import store_prompt
 from proxy.serving.validation import check_prompt_length
 from store.admin_interface import CacheAdmin
 from store.errors import StoreUnavailable
@@ -64,7 +65,7 @@ async def create(
             f"{BLOCK_SIZE}-token block",
             param="contents",
         )
-    check_prompt_length(engine, len(ids), "contents")
+    check_prompt_length(served_model(engine).facts, len(ids), "contents")
     # NOTE: reserved before any work, so creates under way count against the share and the budget
     need = len(ids) // BLOCK_SIZE * engine.loaded.kv_spec.block_bytes
     limits, ticket = _limits(settings), uuid.uuid4().hex

@@ -22,7 +22,7 @@ from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.named.registry import MemoryNamedCaches, NamedCache, NamedCaches, RedisNamedCaches
 from proxy.responses.state import state_timeout
-from proxy.serving.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, render_chat
 from store.index.memory.index import MEMORY_URL
 from store.index.redis.connect import REDIS_ERRORS, redis_client
 

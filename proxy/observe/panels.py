@@ -11,7 +11,7 @@ from typing import Any
 from engine.model.loading import LoadedModel
 from hashing import Namespace
 from proxy.http.auth import DEFAULT_TENANT
-from proxy.serving.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, render_chat
 from store.admin_interface import CacheAdmin
 
 TEXT_CHARS = 60

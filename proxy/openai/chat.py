@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,34 +12,20 @@ from engine.requests import TokenDelta
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.auth import Tenant
-from proxy.http.errors import OpenAIError
 from proxy.openai.logprobs import chat_logprobs
 from proxy.openai.named import chat_body
-from proxy.openai.protocol import ChatCompletionRequest
-from proxy.openai.tools import answer_schema, chat_tools, delta
-from proxy.serving.ahead import chat_boundaries, render_ahead
-from proxy.serving.prompts import ChatPrompt, chat_prompt
-from proxy.serving.running import Started, complete, start
-from proxy.serving.streaming import event_stream, json_response, new_id, now, sse_stream
-from proxy.serving.validation import check_request, generation_request
+from proxy.openai.protocol import ChatCompletionRequest, usage
+from proxy.openai.streaming import sse_stream
+from proxy.openai.tools import delta
+from proxy.openai.turns import CHAT_PARAMS, chat_answer, chat_turn, check_body
+from proxy.serving.facts import served_model
+from proxy.serving.starting import Begun, finish_turn, start_turn
+from proxy.serving.streaming import event_stream, json_response, new_id, now
+from proxy.serving.turn import Params
 from proxy.state import EngineDep, SettingsDep
-from proxy.tools.answer import AnswerPlan, plan_answer
-from proxy.tools.prompt import tools_span
 from proxy.tools.spec import Piece
 
 router = APIRouter()
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatTurn:
-    """A chat request whose prompt is computed: the prompt, how its answer is read (text,
-    calls), the running request, and the ids the chat template rendered (``prompt.ids`` unless
-    ``start_chat``'s ``prompt_of`` changed them)."""
-
-    prompt: ChatPrompt
-    plan: AnswerPlan
-    started: Started
-    rendered: list[int]
 
 
 async def start_chat(
@@ -50,47 +34,24 @@ async def start_chat(
     engine: Engine,
     settings: Settings,
     tenant: str,
-    params: tuple[str, str] = ("response_format.json_schema.schema", "tools[{i}].function.parameters"),
+    params: Params = CHAT_PARAMS,
     prompt_of: Callable[[list[int]], list[int]] | None = None,
-) -> ChatTurn:
-    """Check, render and start a chat request: the one path of ``/v1/chat/completions`` and of
+) -> Begun:
+    """Check, translate and start a chat request: the one path of ``/v1/chat/completions`` and of
     ``/v1/responses`` (``proxy.responses``), so both compute the same prompt for one conversation.
 
     Args:
-        params: the fields a bad answer schema and a bad tool schema are reported under.
+        params: the fields errors are named under.
         prompt_of: the prompt to compute for the chat's rendered ids (default: those ids).
 
     Raises:
         OpenAIError: 400/404 naming the field the request cannot be served for; 503 when busy.
     """
-    check_request(engine, body)
-    # NOTE: off the event loop: the schema walks are linear and bounded, but a body holds megabytes
-    tools, schema = await run_in_threadpool(lambda: (chat_tools(body), answer_schema(body)))
-    if schema is not None and tools is not None and tools.mode != "none":
-        raise OpenAIError(
-            400,
-            "response_format with callable tools is not supported; send one or the other",
-            param="response_format",
-        )
-
-    def prepare() -> tuple[ChatPrompt, list[int], tuple[int, ...], AnswerPlan]:
-        prompt = rendered = chat_prompt(engine, body, tools)
-        if prompt_of is not None:
-            prompt = dataclasses.replace(prompt, ids=prompt_of(prompt.ids))
-        boundaries = chat_boundaries(engine, prompt.messages, prompt.ids, prompt.data, prompt.tools)
-        return prompt, rendered.ids, boundaries, plan_answer(engine, tools, schema, *params)
-
-    prompt, rendered, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    top = (body.top_logprobs or 0) if body.logprobs else 0
-    generation = generation_request(engine, settings, tenant, body, prompt.ids, max_tokens, top)
-    generation = dataclasses.replace(generation, boundaries=boundaries, grammar=plan.grammar)
-    ahead = render_ahead(engine, settings, prompt.messages, generation, prompt.data, prompt.tools)
-    span = None
-    if tools is not None:
-        tokenizer, fmt, raw = engine.loaded.tokenizer, plan.format, body.template_messages()
-        span = partial(tools_span, tokenizer, raw, tools, fmt, prompt.ids, prompt.data)
-    return ChatTurn(prompt, plan, await start(request, engine, generation, ahead, span), rendered)
+    tokenizer, facts = served_model(engine)
+    check_body(facts, body)
+    answer = await run_in_threadpool(chat_answer, body)  # NOTE: walks the tools' schemas
+    turn = chat_turn(body, settings, tenant, answer, params, prompt_of)
+    return await start_turn(turn, request, engine, tokenizer, facts, settings)
 
 
 @router.post("/v1/chat/completions")
@@ -102,12 +63,13 @@ async def chat_completions(
     tenant: Tenant,
 ) -> Any:
     body = await chat_body(request, engine, body, tenant)
-    turn = await start_chat(body, request, engine, settings, tenant)
-    started, plan = turn.started, turn.plan
+    begun = await start_chat(body, request, engine, settings, tenant)
+    started, plan = begun.started, begun.plan
     completion_id, created = new_id("chatcmpl"), now()
+    tokenizer = engine.loaded.tokenizer
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
-        return chat_logprobs(engine.loaded.tokenizer, tokens) if body.logprobs and tokens else None
+        return chat_logprobs(tokenizer, tokens) if body.logprobs and tokens else None
 
     def choice_of(
         fields: dict[str, Any], tokens: list[TokenDelta], finish_reason: str | None
@@ -145,10 +107,10 @@ async def chat_completions(
         stream = sse_stream(started, chunk, body.include_usage, every_token=body.logprobs)
         return event_stream(started, stream)
 
-    result = await complete(started, request)
-    content, calls = plan.read(result.text)
+    result = await finish_turn(begun, request)
+    content, calls = result.text, result.calls
     message: dict[str, Any] = {"role": "assistant", "content": content or None if calls else content}
-    finish_reason = result.finish_reason
+    finish_reason: str = result.finish_reason
     if calls:
         message["tool_calls"] = [call.as_openai() for call in calls]
         finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
@@ -158,7 +120,9 @@ async def chat_completions(
         "created": created,
         "model": body.model,
         "choices": [choice_of({"message": message}, result.tokens, finish_reason)],
-        "usage": result.usage,
+        "usage": usage(
+            result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.cached_tokens
+        ),
     }
     return json_response(started, response)
 

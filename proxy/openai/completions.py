@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
 from proxy.named.field import refuse_cached_content
 from proxy.openai.logprobs import completion_logprobs
-from proxy.openai.protocol import CompletionRequest
-from proxy.serving.prompts import completion_prompt_ids
-from proxy.serving.running import complete, start
-from proxy.serving.streaming import event_stream, json_response, new_id, now, sse_stream
-from proxy.serving.validation import check_request, generation_request
+from proxy.openai.protocol import CompletionRequest, usage
+from proxy.openai.streaming import sse_stream
+from proxy.openai.turns import check_body, completion_turn
+from proxy.serving.facts import served_model
+from proxy.serving.starting import finish_turn, start_turn
+from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.state import EngineDep, SettingsDep
 
 router = APIRouter()
@@ -29,20 +29,18 @@ async def completions(
     settings: SettingsDep,
     tenant: Tenant,
 ) -> Any:
-    check_request(engine, body)
+    tokenizer, facts = served_model(engine)
+    check_body(facts, body)
     refuse_cached_content(body)
-    top = body.logprobs or 0
-    ids = await run_in_threadpool(
-        completion_prompt_ids, engine, body.prompt
-    )  # NOTE: big prompts take a while
-    generation = generation_request(engine, settings, tenant, body, ids, body.max_tokens, top)
-    started = await start(request, engine, generation)
+    begun = await start_turn(
+        completion_turn(body, settings, tenant), request, engine, tokenizer, facts, settings
+    )
+    started, ids = begun.started, begun.prompt.ids
     echoed = ""
     if body.echo:
-        echoed = body.prompt if isinstance(body.prompt, str) else engine.loaded.tokenizer.decode(ids)
+        echoed = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(ids)
     completion_id, created = new_id("cmpl"), now()
     want_logprobs = body.logprobs is not None
-    tokenizer = engine.loaded.tokenizer
     returned = 0  # characters of text sent so far: where the next token's text starts
 
     def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
@@ -63,7 +61,9 @@ async def completions(
     if body.stream:
         stream = sse_stream(started, chunk, body.include_usage, every_token=want_logprobs, first_text=echoed)
         return event_stream(started, stream)
-    result = await complete(started, request)
+    result = await finish_turn(begun, request)
     returned = len(echoed)  # the tokens' text follows the echoed prompt
-    response = chunk(echoed + result.text, result.tokens, result.finish_reason) | {"usage": result.usage}
+    counts = result.usage
+    shaped = usage(counts.prompt_tokens, counts.completion_tokens, counts.cached_tokens)
+    response = chunk(echoed + result.raw, result.tokens, result.finish_reason) | {"usage": shaped}
     return json_response(started, response)

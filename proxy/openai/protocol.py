@@ -10,8 +10,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from proxy.http.numbers import is_count
-
 # NOTE: strict numbers and booleans: "5" is not a max_tokens and "yes" is not a stream.
 Count = Annotated[StrictInt, Field(ge=1)]
 Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
@@ -107,19 +105,6 @@ class SamplingFields(_Lenient):
             return "stream_options", "stream_options is only allowed when stream is true"
         return None
 
-    def token_bias(self, vocab_size: int) -> dict[int, float]:
-        """``logit_bias`` with token ids as ints.
-
-        Raises:
-            ValueError: a key is not a token id of the vocabulary.
-        """
-        bias: dict[int, float] = {}
-        for key, value in (self.logit_bias or {}).items():
-            if not is_count(key) or not 0 <= int(key) < vocab_size:  # NOTE: ASCII digits only
-                raise ValueError(f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab_size})")
-            bias[int(key)] = value
-        return bias
-
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -144,7 +129,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="Data for the chat template (``proxy.serving.rendering.template_data``)."
+        None, description="Data for the chat template (``proxy.tools.rendering.template_data``)."
     )
 
     def unsupported_field(self) -> tuple[str, str] | None:

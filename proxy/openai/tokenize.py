@@ -20,7 +20,9 @@ from proxy.http.auth import get_tenant
 from proxy.http.errors import OpenAIError
 from proxy.named.field import refuse_cached_content
 from proxy.openai.protocol import ChatMessage, _Lenient
-from proxy.serving.prompts import check_token_ids, messages_prompt_ids
+from proxy.openai.turns import messages_prompt_ids
+from proxy.serving.facts import served_model
+from proxy.serving.prompts import check_token_ids
 from proxy.serving.validation import check_model
 from proxy.state import EngineDep
 
@@ -46,15 +48,16 @@ class DetokenizeRequest(_Lenient):
 async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
     """Token ids of a chat (rendered with the chat template) or of a prompt string."""
     refuse_cached_content(body)
+    tokenizer, facts = served_model(engine)
     if body.model is not None:
-        check_model(engine, body.model)
-    tokenizer = engine.loaded.tokenizer
+        check_model(facts, body.model)
     if (body.messages is None) == (body.prompt is None):
         raise OpenAIError(400, "send exactly one of `messages` and `prompt`", param="messages")
     if body.messages is not None:
         ids = await run_in_threadpool(
             messages_prompt_ids,
-            engine,
+            tokenizer,
+            facts.vocab_size,
             body.messages,
             body.add_generation_prompt,
             body.chat_template_kwargs,
@@ -63,16 +66,17 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
     else:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         ids = (await run_in_threadpool(tokenizer, body.prompt, add_special_tokens=add_special))["input_ids"]
-    return {"tokens": ids, "count": len(ids), "max_model_len": engine.loaded.context_length}
+    return {"tokens": ids, "count": len(ids), "max_model_len": facts.context_length}
 
 
 @router.post("/detokenize", dependencies=[Depends(get_tenant)])
 async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> dict[str, Any]:
     """The text of token ids."""
+    tokenizer, facts = served_model(engine)
     if body.model is not None:
-        check_model(engine, body.model)
-    check_token_ids(engine, body.tokens, "tokens")
-    return {"prompt": engine.loaded.tokenizer.decode(body.tokens)}
+        check_model(facts, body.model)
+    check_token_ids(facts.vocab_size, body.tokens, "tokens")
+    return {"prompt": tokenizer.decode(body.tokens)}
 
 
 @router.get("/version")

@@ -20,10 +20,9 @@ from typing import Any
 
 import xxhash
 
-from engine.worker import Engine
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatMessage
-from proxy.serving.prompts import messages_prompt_ids
+from proxy.openai.turns import messages_prompt_ids
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,8 @@ class Continuation:
 
 
 def continuation(
-    engine: Engine,
+    tokenizer: Any,
+    vocab_size: int,
     messages: list[dict[str, Any]],
     tools: list[Any] | None,
     rendered: list[int],
@@ -61,11 +61,11 @@ def continuation(
     generated and their text (None when the conversation cannot be rendered)."""
     try:
         history = messages_prompt_ids(
-            engine, [ChatMessage.model_validate(m) for m in messages], False, tools=tools
+            tokenizer, vocab_size, [ChatMessage.model_validate(m) for m in messages], False, tools=tools
         )
     except (OpenAIError, ValueError):  # NOTE: it rendered a moment ago; never fail a response for it
         return None
-    answer = list(engine.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+    answer = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     end = len(rendered) + len(answer)
     ids = history
     if history[: len(rendered)] == rendered and history[len(rendered) : end] == answer:

@@ -20,23 +20,26 @@ from engine.requests import Finished
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
 from proxy.named.field import refuse_cached_content
-from proxy.openai.chat import ChatTurn, start_chat
+from proxy.openai.chat import start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
 from proxy.responses.events import events
 from proxy.responses.items import chat_messages, check_calls, input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param
 from proxy.responses.state import ResponseStore, StoredResponse, state_place
-from proxy.serving.running import complete, written_tokens
+from proxy.serving.facts import served_model
+from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
+from proxy.serving.turn import Params, Usage
 from proxy.state import EngineDep, SettingsDep
 from store.index.redis.connect import REDIS_ERRORS
 from store.index.redis.faults import redis_fault
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-PARAMS = ("text.format.schema", "tools[{i}].parameters")
-"""Where a bad answer schema and a bad tool schema are reported."""
+PARAMS = Params("messages", "tools[{i}].parameters", "text.format.schema")
+"""Where a bad prompt, a bad tool schema and a bad answer schema are reported (the prompt's
+field as the chat's: ``responses_param`` names it as this request's)."""
 
 
 def get_responses(request: Request) -> ResponseStore:
@@ -101,7 +104,7 @@ def skeleton(response_id: str, body: ResponsesRequest) -> dict[str, Any]:
     }
 
 
-async def start_turn(
+async def start_response(
     body: ResponsesRequest,
     request: Request,
     engine: EngineDep,
@@ -109,7 +112,7 @@ async def start_turn(
     tenant: str,
     messages: list[dict[str, Any]],
     previous: StoredResponse | None,
-) -> tuple[ChatCompletionRequest, ChatTurn]:
+) -> tuple[ChatCompletionRequest, Begun]:
     """Start the chat completion of ``messages`` (continuing ``previous``'s stored ids), errors
     named as the Responses request names its fields."""
     after = previous.continuation if previous is not None else None
@@ -148,11 +151,10 @@ async def create(
     history = previous.conversation if previous is not None else []
     check_calls(history, items)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    chat, turn = await start_turn(
+    chat, turn = await start_response(
         body, request, engine, settings, tenant, system + history + chat_messages(items), previous
     )
-    done, response = turn.started.done, skeleton(new_id("resp", "_"), body)
-    written = written_tokens(done, request.app.state.cache is not None, not settings.no_tails)
+    response, served = skeleton(new_id("resp", "_"), body), served_model(engine)
 
     async def finish(
         output: list[dict[str, Any]], finished: Finished, generated: list[int], text: str
@@ -163,16 +165,17 @@ async def create(
             incomplete_details=None if whole else {"reason": "max_output_tokens"},
             output=output,
             completed_at=now(),
-            usage=usage(done.prompt_tokens, done.cached_tokens, written, finished.completion_tokens),
+            usage=usage(turn.started.usage(finished.completion_tokens)),
         )
         if body.store:
             conversation = history + chat_messages(items + output)
             after = await run_in_threadpool(
                 continuation,
-                engine,
+                served.tokenizer,
+                served.facts.vocab_size,
                 system + conversation,
                 chat.tools,
-                turn.rendered,
+                turn.prompt.rendered,
                 turn.prompt.ids,
                 generated,
                 text,
@@ -188,23 +191,24 @@ async def create(
 
     if body.stream:
         return event_stream(turn.started, events(turn.started, turn.plan, dict(response), finish))
-    result = await complete(turn.started, request)
-    assert result.finished is not None
-    text, calls = turn.plan.read(result.text)
-    output = output_items(text, calls, result.finished.finish_reason != "length")
+    result = await finish_turn(turn, request)
+    output = output_items(result.text, result.calls, result.finish_reason != "length")
     generated = [t.token_id for t in result.tokens]
-    return json_response(turn.started, await finish(output, result.finished, generated, result.text))
+    return json_response(turn.started, await finish(output, result.finished, generated, result.raw))
 
 
-def usage(prompt: int, cached: int, written: int, output: int) -> dict[str, Any]:
+def usage(counts: Usage) -> dict[str, Any]:
     """Responses usage: ``input_tokens_details.cached_tokens`` served from the cache,
     ``cache_write_tokens`` newly stored (``proxy.serving.running.written_tokens``)."""
     return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
-        "output_tokens": output,
+        "input_tokens": counts.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": counts.cached_tokens,
+            "cache_write_tokens": counts.written_tokens,
+        },
+        "output_tokens": counts.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + output,
+        "total_tokens": counts.total_tokens,
     }
 
 

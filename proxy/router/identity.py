@@ -6,7 +6,7 @@ Chats come in four dialects: chat completions, the Responses API (its instructio
 items as ``proxy.responses`` turns them into a chat), Anthropic's Messages API (as
 ``proxy.anthropic`` does) and Gemini's contents (as ``proxy.gemini`` does; a named cache's
 content is a chat too, without the generation prompt). With a tokenizer, a chat is rendered
-exactly as ``kvproxy serve`` renders it (``proxy.serving.rendering.render_chat``, tools as
+exactly as ``kvproxy serve`` renders it (``proxy.tools.rendering.render_chat``, tools as
 ``proxy.tools.prompt`` writes them and ``chat_template_kwargs`` included) and a completion's
 string prompt tokenized as the engine does; token-id prompts are used as they are. Without one,
 each message is written as canonical JSON (sorted keys, no spaces), one per line, after a line
@@ -40,9 +40,9 @@ from proxy.openai.tools import chat_tools
 from proxy.responses.items import chat_messages, input_items
 from proxy.responses.protocol import ResponsesRequest
 from proxy.router.policy import Endpoint
-from proxy.serving.rendering import RenderError, render_chat
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages
+from proxy.tools.rendering import RenderError, render_chat
 from proxy.tools.spec import ToolSet
 
 Chat = tuple[list[dict[str, Any]], ToolSet | None]

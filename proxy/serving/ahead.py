@@ -20,7 +20,7 @@ from typing import Any
 from engine.requests import GenerationRequest
 from engine.worker import Engine
 from proxy.config import Settings
-from proxy.serving.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, render_chat
 
 _PROBES = ("x", "7 " + "\n")
 """Two next messages that share no first character (letters, digits, spaces, newlines)."""

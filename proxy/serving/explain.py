@@ -16,9 +16,9 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from engine.model.loading import LoadedModel
 from engine.requests import PrefillDone
 from hashing import BLOCK_SIZE, num_full_blocks
+from proxy.serving.facts import ModelFacts
 from store.admin_interface import CacheAdmin
 from store.outcomes import MissReason
 
@@ -48,7 +48,8 @@ def cache_headers(done: PrefillDone) -> dict[str, str]:
 
 
 async def explain(
-    loaded: LoadedModel,
+    tokenizer: Any,
+    facts: ModelFacts,
     cache: CacheAdmin | None,
     tenant: str,
     prompt_ids: Sequence[int],
@@ -84,7 +85,7 @@ async def explain(
         return out
     if not block and (tools is None or not tools[0] < min(tools[1], BLOCK_SIZE)):
         return out
-    found = await run_in_threadpool(cache.divergence, loaded.namespace(tenant), prompt_ids, block)
+    found = await run_in_threadpool(cache.divergence, facts.namespace(tenant), prompt_ids, block)
     if found is not None:
         position, sibling = found
         if tools is not None and tools[0] <= position < tools[1]:
@@ -92,7 +93,7 @@ async def explain(
         with_text = with_text and block > 0
         cached_seq = list(prompt_ids[: block * BLOCK_SIZE]) + sibling
         span = slice(max(0, position - EXCERPT_TOKENS), position + EXCERPT_TOKENS)
-        decode = loaded.tokenizer.decode
+        decode = tokenizer.decode
         out["divergence"] = {
             "token_position": position,
             "cached": decode(cached_seq[span]) if with_text else None,

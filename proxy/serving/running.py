@@ -26,10 +26,13 @@ from engine.worker import Engine
 from hashing import BLOCK_SIZE, num_full_blocks
 from proxy.http.auth import reads_own_text
 from proxy.http.errors import OpenAIError
-from proxy.openai.protocol import usage
 from proxy.serving.explain import EXPLAIN_HEADER, cache_headers, explain
+from proxy.serving.facts import ModelFacts
+from proxy.serving.turn import Usage
 
 DISCONNECT_POLL_S = 0.2
+FLUSH_TIMEOUT_S = 30.0
+"""Most seconds the answer waits for the blocks to be stored and indexed."""
 
 
 class Running:
@@ -86,12 +89,19 @@ class Running:
 @dataclass
 class Started:
     """A request whose prompt is computed: the running request, the prefill outcome, the cache
-    headers every response carries, and the explanation when the client asked for one."""
+    headers every response carries, the explanation when the client asked for one, and how many
+    of its prompt's tokens it newly stores (``written_tokens``)."""
 
     running: Running
     done: PrefillDone
     headers: dict[str, str]
     explanation: dict[str, Any] | None
+    written: int = 0
+
+    def usage(self, completion_tokens: int) -> Usage:
+        """The request's usage once ``completion_tokens`` were generated."""
+        done = self.done
+        return Usage(done.prompt_tokens, completion_tokens, done.cached_tokens, self.written)
 
 
 @dataclass
@@ -101,7 +111,7 @@ class Completion:
     text: str = ""
     finish_reason: str = "stop"
     tokens: list[TokenDelta] = field(default_factory=list)
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: Usage = field(default_factory=lambda: Usage(0, 0, 0))
     finished: Finished | None = None
 
 
@@ -125,6 +135,8 @@ def submit(
 async def start(
     request: Request,
     engine: Engine,
+    tokenizer: Any,
+    facts: ModelFacts,
     generation: GenerationRequest,
     ahead: Callable[[str], object] | None = None,
     tools_span: Callable[[], tuple[int, int]] | None = None,
@@ -152,7 +164,7 @@ async def start(
     if not isinstance(event, PrefillDone):  # cancelled before its prompt was computed
         raise OpenAIError(499, "the client closed the request", code="client_closed_request")
     app = request.app.state
-    namespace = engine.loaded.namespace(generation.tenant)
+    namespace = facts.namespace(generation.tenant)
     arrived = request.scope["state"]["started"]
     ttft = app.metrics.observe(namespace.hex(), event, arrived)
 
@@ -166,7 +178,8 @@ async def start(
     if request.headers.get(EXPLAIN_HEADER) == "1":
         tools = None if tools_span is None else await run_in_threadpool(tools_span)
         explanation = await explain(
-            engine.loaded,
+            tokenizer,
+            facts,
             app.cache,
             generation.tenant,
             generation.prompt_ids,
@@ -174,12 +187,13 @@ async def start(
             reads_own_text(request),
             tools,
         )
-    return Started(running, event, cache_headers(event), explanation)
+    written = written_tokens(event, app.cache is not None, not app.settings.no_tails)
+    return Started(running, event, cache_headers(event), explanation, written)
 
 
 async def complete(started: Started, request: Request) -> Completion:
     """Wait for the whole completion; a client that goes away cancels the generation."""
-    running, done = started.running, started.done
+    running = started.running
     watcher = asyncio.create_task(_cancel_on_disconnect(request, running))
     result = Completion()
     parts: list[str] = []
@@ -195,7 +209,7 @@ async def complete(started: Started, request: Request) -> Completion:
                     event.finish_reason,
                     event,
                 )
-                result.usage = usage(done.prompt_tokens, event.completion_tokens, done.cached_tokens)
+                result.usage = started.usage(event.completion_tokens)
             elif isinstance(event, Failed):
                 raise event.error
     finally:
@@ -219,3 +233,20 @@ def written_tokens(done: PrefillDone, caching: bool, tails: bool) -> int:
         return 0
     end = done.prompt_tokens if tails else BLOCK_SIZE * num_full_blocks(done.prompt_tokens)
     return max(0, end - done.cached_tokens)
+
+
+async def store_prompt(engine: Engine, ids: list[int], tenant: str, ttl_s: int) -> None:
+    """Compute ``ids`` (a non-empty prompt) and store its full blocks and tail with a TTL of
+    ``ttl_s`` seconds, sampling nothing; returns once they are indexed (or ``FLUSH_TIMEOUT_S``
+    passed).
+
+    Raises:
+        OpenAIError: the engine's error for the prompt; 503 when it was cancelled.
+    """
+    request = GenerationRequest(tuple(ids), max_tokens=1, tenant=tenant, cache_ttl_s=ttl_s, prewarm=True)
+    async for event in submit(engine, request):
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Finished) and event.finish_reason == "cancelled":
+            raise OpenAIError(503, "the prompt's computation was cancelled", type="server_error")
+    await run_in_threadpool(engine.flush_saves, FLUSH_TIMEOUT_S)

@@ -9,11 +9,10 @@ from functools import partial
 from typing import Any
 
 from engine.constraint import GrammarError, check_grammar
-from engine.worker import Engine
 from proxy.http.errors import OpenAIError
-from proxy.serving.rendering import special_strings
 from proxy.tools import grammars
 from proxy.tools.formats import Parsed, ToolFormat, tool_format
+from proxy.tools.rendering import special_strings
 from proxy.tools.spec import Arguments, CallStart, Piece, Text, ToolCall, ToolSet, call_id
 
 
@@ -86,7 +85,8 @@ class AnswerStream:
 
 
 def plan_answer(
-    engine: Engine,
+    tokenizer: Any,
+    vocab_size: int,
     tools: ToolSet | None,
     schema: dict[str, Any] | None,
     schema_param: str,
@@ -100,19 +100,20 @@ def plan_answer(
         OpenAIError: 400 naming the tool (``tools_param`` with ``{i}``) or ``schema_param`` whose
             schema cannot be enforced.
     """
-    fmt = tool_format(engine.loaded.tokenizer)
-    specials = special_strings(engine.loaded.tokenizer)
+    fmt = tool_format(tokenizer)
+    specials = special_strings(tokenizer)
+    compiled = partial(compile_grammar, tokenizer, vocab_size)
     if tools is not None:
         for i, tool in enumerate(tools.tools):
             param = tools_param.format(i=i)
             check_schema(tool.parameters, specials, param)
-            compiled(engine, partial(grammars.json_grammar, grammars.closed(tool.parameters)), param)
+            compiled(partial(grammars.json_grammar, grammars.closed(tool.parameters)), param)
     grammar = None
     if schema is not None:
         check_schema(schema, specials, schema_param)
-        grammar = compiled(engine, partial(grammars.json_grammar, schema), schema_param)
+        grammar = compiled(partial(grammars.json_grammar, schema), schema_param)
     elif tools is not None:
-        grammar = compiled(engine, partial(fmt.grammar, tools), "tools")
+        grammar = compiled(partial(fmt.grammar, tools), "tools")
     return AnswerPlan(fmt, tools, grammar, id_prefix)
 
 
@@ -124,19 +125,20 @@ def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None
         raise OpenAIError(400, reason, param=param)
 
 
-def compiled(engine: Engine, build: Callable[[], str | None], param: str) -> str | None:
-    """The grammar ``build`` makes (None: none), compiled once for the served model (slow the
-    first time: run it off the event loop).
+def compile_grammar(
+    tokenizer: Any, vocab_size: int, build: Callable[[], str | None], param: str
+) -> str | None:
+    """The grammar ``build`` makes (None: none), compiled once for the model of ``tokenizer``
+    and ``vocab_size`` (slow the first time: run it off the event loop).
 
     Raises:
         OpenAIError: 400 naming ``param`` with llguidance's message (a schema feature it does not
             support, a bad ``pattern``, a schema nested past its parser's limit).
     """
-    loaded = engine.loaded
     try:
         grammar = build()
         if grammar is not None:
-            check_grammar(loaded.tokenizer, loaded.model.config.vocab_size, grammar)
+            check_grammar(tokenizer, vocab_size, grammar)
     except (GrammarError, ValueError) as exc:  # NOTE: llguidance's builders raise ValueError
         raise OpenAIError(400, f"this schema cannot be enforced: {exc}", param=param) from exc
     return grammar

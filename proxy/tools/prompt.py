@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.serving.rendering import render_chat
 from proxy.tools.formats import ToolFormat
+from proxy.tools.rendering import render_chat
 from proxy.tools.spec import EMPTY_PARAMETERS, NOT_JSON, Tool, ToolSet, canonical, dumps, json_value
 
 GENERIC_INSTRUCTIONS = (

@@ -11,7 +11,7 @@ from openai import OpenAI
 
 from hashing import BLOCK_SIZE
 from proxy.serving.ahead import next_turn_start
-from proxy.serving.rendering import render_chat
+from proxy.tools.rendering import render_chat
 from tests.helpers import HANG_S, wait_for
 
 MODEL = "smollm2-135m-instruct"

@@ -6,8 +6,6 @@ hashing, and never meets a K/V namespace."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from hashing import BLOCK_SIZE, TEXT_BLOCK_BYTES, NamespaceIdentity, block_hashes, route_namespace
 from proxy.router.identity import Identity
 
@@ -71,10 +69,11 @@ def test_the_router_renders_no_template_from_a_request(tiny_model) -> None:
 
 def test_a_chat_with_tools_hashes_as_the_replica_renders_it(tiny_model) -> None:
     """Tools, calls and results in the history: the router's token ids are the replica's
-    (``proxy.serving.prompts.chat_prompt``), so tool-using agents are routed to their prefix."""
+    (``proxy.serving.prompts.render_turn``), so tool-using agents are routed to their prefix."""
+    from proxy.config import Settings
     from proxy.openai.protocol import ChatCompletionRequest
-    from proxy.openai.tools import chat_tools
-    from proxy.serving.prompts import chat_prompt
+    from proxy.openai.turns import chat_answer, chat_turn
+    from proxy.serving.prompts import render_turn
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -86,8 +85,8 @@ def test_a_chat_with_tools_hashes_as_the_replica_renders_it(tiny_model) -> None:
     )
     request = ChatCompletionRequest.model_validate(body)
 
-    engine = SimpleNamespace(loaded=tiny_model)  # chat_prompt reads only the engine's model
-    replica = chat_prompt(engine, request, chat_tools(request)).ids  # type: ignore[arg-type]
+    turn = chat_turn(request, Settings(), "t", chat_answer(request))
+    replica = render_turn(tiny_model.tokenizer, tiny_model.model.config.vocab_size, turn).ids
     key = Identity(tiny_model.tokenizer, "fp").prompt("chat", body, "t")
     assert list(key.units) == replica and key.block_size == BLOCK_SIZE
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from proxy.config import Settings
 from proxy.openai.protocol import ChatCompletionRequest, CompletionRequest, usage
-from proxy.serving.validation import cache_ttl
+from proxy.serving.validation import cache_ttl, token_bias
 
 
 def test_retention_is_the_server_ttl_or_a_day_capped_by_max_ttl() -> None:
@@ -46,9 +46,9 @@ def test_strict_types_and_logit_bias_keys() -> None:
     with pytest.raises(ValidationError):
         CompletionRequest(model="m", prompt="p", max_tokens="5")
     request = CompletionRequest(model="m", prompt="p", logit_bias={"7": 5.0})
-    assert request.token_bias(100) == {7: 5.0}
+    assert token_bias(request.logit_bias, 100) == {7: 5.0}
     with pytest.raises(ValueError, match="not a token id"):
-        CompletionRequest(model="m", prompt="p", logit_bias={"x": 1.0}).token_bias(100)
+        token_bias(CompletionRequest(model="m", prompt="p", logit_bias={"x": 1.0}).logit_bias, 100)
 
 
 def test_usage_always_carries_cached_tokens() -> None:

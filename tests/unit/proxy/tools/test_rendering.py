@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from proxy.serving.rendering import RenderError, render_chat, special_strings, template_data
+from proxy.tools.rendering import RenderError, render_chat, special_strings, template_data
 
 
 def special_ids(tokenizer, ids: list[int]) -> list[int]:

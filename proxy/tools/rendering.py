@@ -22,6 +22,10 @@ from jinja2 import Environment, TemplateError, meta
 # (the nonce is new for every rendering).
 _OPEN, _CLOSE = "\ue000", "\ue001"
 
+TemplateMessage = dict[str, Any]
+"""One chat message as chat templates take it: ``role``, ``content`` (a string or text parts)
+and, for tool turns, ``tool_calls``/``tool_call_id``/``name``."""
+
 
 class RenderError(Exception):
     """The messages cannot be rendered; ``param`` names the offending field."""
@@ -33,7 +37,7 @@ class RenderError(Exception):
 
 def render_chat(
     tokenizer: Any,
-    messages: Sequence[dict[str, Any]],
+    messages: Sequence[TemplateMessage],
     *,
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,

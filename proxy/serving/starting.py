@@ -1,0 +1,124 @@
+"""Starting a turn (``proxy.serving.turn``) on the engine, and reading its whole answer: the one
+path every dialect's generating route takes, so the same conversation gets the same prompt,
+boundaries, TTLs and answer grammar whichever API it came through."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from engine.requests import Finished, GenerationRequest, TokenDelta
+from engine.worker import Engine
+from proxy.config import Settings
+from proxy.serving.ahead import render_ahead
+from proxy.serving.facts import ModelFacts
+from proxy.serving.prompts import layout, render_turn
+from proxy.serving.running import Started, complete, start
+from proxy.serving.turn import Rendered, Turn, Usage
+from proxy.serving.validation import check_model, generation_request
+from proxy.tools.answer import AnswerPlan, plan_answer
+from proxy.tools.prompt import tools_span
+from proxy.tools.spec import ToolCall
+
+
+@dataclass(frozen=True)
+class Begun:
+    """A started turn: its prompt, how its answer is read, the engine's request and the running
+    request (whose ``done`` says what was cached)."""
+
+    turn: Turn
+    prompt: Rendered
+    plan: AnswerPlan
+    generation: GenerationRequest
+    started: Started
+
+    def usage(self, completion_tokens: int) -> Usage:
+        """The turn's usage once ``completion_tokens`` were generated."""
+        return self.started.usage(completion_tokens)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A finished turn: its text (all of it: ``raw``; without the calls: ``text``), its calls,
+    why it ended, its tokens and its usage."""
+
+    raw: str
+    text: str
+    calls: list[ToolCall]
+    finished: Finished
+    tokens: list[TokenDelta]
+    usage: Usage
+
+    @property
+    def finish_reason(self) -> str:
+        return self.finished.finish_reason
+
+
+async def start_turn(
+    turn: Turn, request: Request, engine: Engine, tokenizer: Any, facts: ModelFacts, settings: Settings
+) -> Begun:
+    """Check, render and start ``turn``: its model; off the event loop, its prompt (``render_turn``),
+    its TTL plan and tail boundaries (``layout``) and its answer's grammar (``plan_answer``);
+    then the engine's request, submitted, with render-ahead of the next turn's start (chats) and
+    the tool definitions' span for an explanation. Returns once the prompt is computed.
+
+    Raises:
+        OpenAIError: 404 for a model not served; 400 naming the field (``Turn.params``) the
+            turn cannot be served for; 503 when the engine is busy; 499 when the client left.
+    """
+    check_model(facts, turn.model)
+
+    def prepare() -> tuple[Rendered, Any, tuple[int, ...], AnswerPlan]:
+        prompt = render_turn(tokenizer, facts.vocab_size, turn)
+        ttl, boundaries = layout(tokenizer, turn, prompt, settings.max_ttl)
+        params = turn.params
+        plan = plan_answer(
+            tokenizer,
+            facts.vocab_size,
+            turn.tools,
+            turn.schema,
+            params.schema,
+            params.tools,
+            turn.call_prefix,
+        )
+        return prompt, ttl, boundaries, plan
+
+    prompt, ttl, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
+    generation = generation_request(facts, settings, turn, prompt.ids, ttl)
+    generation = dataclasses.replace(generation, boundaries=boundaries, grammar=plan.grammar)
+    ahead, span = None, None
+    if turn.messages is not None:
+        # NOTE: after a prefill, the next turn holds the whole assistant turn: prefill and answer
+        history = prompt.messages[:-1] if turn.prefill is not None else prompt.messages
+        ahead = render_ahead(engine, settings, history, generation, prompt.data, prompt.tools)
+        if ahead is not None and turn.prefill is not None:
+            ahead = partial(_continued, ahead, turn.prefill)
+        if turn.tools is not None:
+            raw, tools, fmt = turn.messages, turn.tools, plan.format
+            span = partial(tools_span, tokenizer, raw, tools, fmt, prompt.ids, prompt.data)
+    started = await start(request, engine, tokenizer, facts, generation, ahead, span)
+    return Begun(turn, prompt, plan, generation, started)
+
+
+def _continued(ahead: Callable[[str], object], prefilled: str, answer: str) -> object:
+    """``ahead`` of the whole assistant turn: the prefill and its continuation."""
+    return ahead(prefilled + answer)
+
+
+async def finish_turn(begun: Begun, request: Request) -> Answer:
+    """Wait for the whole answer of a started turn and read it (text and calls); a client that
+    goes away cancels the generation.
+
+    Raises:
+        Exception: the engine's error for the request.
+    """
+    result = await complete(begun.started, request)
+    assert result.finished is not None  # NOTE: a completion that ends without error is finished
+    text, calls = begun.plan.read(result.text)
+    return Answer(result.text, text, calls, result.finished, result.tokens, result.usage)
