@@ -1,39 +1,22 @@
-"""A Messages body read once as the chat the core runs: its template messages (OpenAI's shape),
-its tools, its ``cache_control`` breakpoints and its prefill. ``/v1/messages`` starts it as a
-turn; ``kvproxy route`` renders the same messages to find the replica that holds them, so this
-module imports no engine.
+"""A Messages body read once as the neutral turn the core runs (``proxy.serving.turn``): its
+template messages (OpenAI's shape), tools, ``cache_control`` breakpoints as cache marks, prefill
+and sampling. ``/v1/messages`` starts the turn; ``kvproxy route`` renders the same messages to
+find the replica that holds them, so this module imports no engine.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.protocol import MessagesRequest
 from proxy.anthropic.tools import message_tools, tool_breakpoints
 from proxy.anthropic.turns import content_error, prefill
 from proxy.http.errors import OpenAIError
-from proxy.tools.spec import ToolSet
+from proxy.serving.turn import CacheMark, Params, Sampling, Turn
 
-
-@dataclass(frozen=True)
-class MessagesChat:
-    """A Messages body as a chat.
-
-    Attributes:
-        messages: the chat template's messages, before any tool definitions go in
-            (``MessagesRequest.template_messages``).
-        tools: the body's tools and tool choice (None: none).
-        marks: the ``cache_control`` breakpoints as ``(index of the message whose end they
-            mark, or None for the end of the tool definitions; TTL in seconds)``.
-        prefill: the final assistant turn's text, which the answer continues (None: none).
-    """
-
-    messages: list[dict[str, Any]]
-    tools: ToolSet | None
-    marks: tuple[tuple[int | None, int], ...]
-    prefill: str | None
+PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="")
+"""Where a Messages body's errors are named."""
+CALL_PREFIX = "toolu_"
+"""The prefix of the ids of the answer's ``tool_use`` blocks."""
 
 
 def check_body(body: MessagesRequest) -> None:
@@ -52,9 +35,12 @@ def check_body(body: MessagesRequest) -> None:
             raise OpenAIError(400, broken[1], param=broken[0])
 
 
-def messages_chat(body: MessagesRequest) -> MessagesChat:
-    """The body as a chat (``MessagesChat``). A breakpoint on a tool definition counts only when
-    the body has tools to write (they come first in the prompt).
+def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
+    """The body as a turn: the template messages before any tool definitions go in
+    (``MessagesRequest.template_messages``), the tools and tool choice, a cache mark per
+    ``cache_control`` breakpoint (one on a tool definition counts only when there are tools to
+    write: they come first in the prompt), the prefill, ``temperature``, ``top_p``,
+    ``max_tokens`` (None for ``count_tokens``) and ``stop_sequences``.
 
     Raises:
         OpenAIError: 400 naming a tool field that cannot be honoured
@@ -63,7 +49,19 @@ def messages_chat(body: MessagesRequest) -> MessagesChat:
     extra = body.model_extra or {}
     tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
     messages, breakpoints = body.template_messages()
-    marks: list[tuple[int | None, int]] = list(breakpoints)
+    marks = [CacheMark(index, ttl) for index, ttl in breakpoints]
     if tools is not None:
-        marks += [(None, ttl) for ttl in tool_breakpoints(extra.get("tools"))]
-    return MessagesChat(messages, tools, tuple(marks), prefill(body))
+        marks += [CacheMark(None, ttl) for ttl in tool_breakpoints(extra.get("tools"))]
+    return Turn(
+        body.model,
+        tenant,
+        messages=messages,
+        tools=tools,
+        sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
+        max_tokens=body.max_tokens,
+        stop=tuple(body.stop_sequences or ()),
+        marks=tuple(marks),
+        prefill=prefill(body),
+        params=PARAMS,
+        call_prefix=CALL_PREFIX,
+    )

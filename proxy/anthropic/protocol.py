@@ -11,12 +11,13 @@ length.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
-    from engine.requests import Finished, PrefillDone
+    from engine.requests import Finished
+    from proxy.serving.turn import Usage
 
 
 TTL_S = {"5m": 300, "1h": 3600}
@@ -187,15 +188,35 @@ class CountTokensRequest(MessagesRequest):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # type: ignore[assignment]
 
 
-def usage(done: PrefillDone, output_tokens: int, created: int) -> dict[str, Any]:
-    """Anthropic usage counts of a request whose prompt was computed as ``done`` says, ``created``
-    of its tokens newly stored in the cache (``proxy.serving.running.written_tokens``): as the
-    response's ``usage`` and as the streamed ``message_delta``'s (``MessageDeltaUsage``: cumulative)."""
+class CacheCreation(TypedDict):
+    """``usage.cache_creation``: the prompt's tokens this request stored, by how long they are
+    kept (``proxy.anthropic.caching.creation``)."""
+
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+
+class MessagesUsage(TypedDict):
+    """A Messages response's ``usage`` (and a streamed ``message_start``'s and
+    ``message_delta``'s: ``MessageDeltaUsage``, cumulative)."""
+
+    input_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    output_tokens: int
+    cache_creation: CacheCreation
+
+
+def usage(counts: Usage, split: CacheCreation) -> MessagesUsage:
+    """Anthropic usage of a request: ``cache_read_input_tokens`` read from the cache,
+    ``cache_creation_input_tokens`` newly stored (``proxy.serving.running.written_tokens``; split
+    by TTL in ``cache_creation``), ``input_tokens`` the rest of the prompt."""
     return {
-        "input_tokens": done.prompt_tokens - done.cached_tokens - created,
-        "cache_creation_input_tokens": created,
-        "cache_read_input_tokens": done.cached_tokens,
-        "output_tokens": output_tokens,
+        "input_tokens": counts.uncached_tokens,
+        "cache_creation_input_tokens": counts.written_tokens,
+        "cache_read_input_tokens": counts.cached_tokens,
+        "output_tokens": counts.completion_tokens,
+        "cache_creation": split,
     }
 
 
@@ -214,7 +235,7 @@ def message(
     model: str,
     content: list[dict[str, Any]],
     finished: Finished | None,
-    usage: dict[str, Any],
+    usage: MessagesUsage,
 ) -> dict[str, Any]:
     """A Messages API response object (no ``finished``: the empty message of ``message_start``)."""
     called = any(block["type"] == "tool_use" for block in content)

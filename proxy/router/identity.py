@@ -30,7 +30,7 @@ from hashing import (
     block_hashes,
     route_namespace,
 )
-from proxy.anthropic.chat import messages_chat
+from proxy.anthropic.chat import messages_turn
 from proxy.anthropic.protocol import MessagesRequest
 from proxy.gemini.protocol import CachedContentRequest, GenerateContentRequest
 from proxy.gemini.protocol import chat_messages as gemini_messages
@@ -171,8 +171,8 @@ def _chat(kind: Endpoint, body: dict[str, Any]) -> Chat | None:
             )
             return gemini_messages(gemini.system_instruction, gemini.contents), None
         if kind == "messages":
-            read = messages_chat(MessagesRequest.model_validate(body))
-            return read.messages, read.tools
+            turn = messages_turn(MessagesRequest.model_validate(body), "")
+            return turn.messages or [], turn.tools
         if kind == "responses":
             responses = ResponsesRequest.model_validate(body)
             system = [{"role": "system", "content": responses.instructions}] if responses.instructions else []
