@@ -11,9 +11,12 @@ length.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from proxy.tools.rendering import TemplateMessage
 
 if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
     from engine.requests import Finished
@@ -119,12 +122,12 @@ class MessagesRequest(_Lenient):
                         )
         return None
 
-    def template_messages(self) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
+    def template_messages(self) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:
         """The messages as chat templates take them (OpenAI's shape: an assistant's ``tool_use``
         blocks as ``tool_calls``, each ``tool_result`` as a ``tool`` message before the user's
         text), and the ``cache_control`` breakpoints as ``(index of the template message that
         holds it, TTL in seconds)``."""
-        messages: list[dict[str, Any]] = []
+        messages: list[TemplateMessage] = []
         breakpoints: list[tuple[int, int]] = []
         if self.system is not None:
             system = (
@@ -150,7 +153,7 @@ class MessagesRequest(_Lenient):
             text = "".join(b.text or "" for b in blocks if b.type == "text")
             calls = [_tool_call(b.model_extra or {}) for b in blocks if b.type == "tool_use"]
             if text or calls or not any(b.type == "tool_result" for b in blocks):
-                turn: dict[str, Any] = {"role": message.role, "content": text}
+                turn: TemplateMessage = {"role": message.role, "content": text}
                 messages.append(turn | ({"tool_calls": calls} if calls else {}))
             breakpoints += [
                 (len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control
@@ -233,7 +236,7 @@ def stop_reason(finished: Finished, called: bool = False) -> str:
 def message(
     message_id: str,
     model: str,
-    content: list[dict[str, Any]],
+    content: Sequence[Mapping[str, object]],
     finished: Finished | None,
     usage: MessagesUsage,
 ) -> dict[str, Any]:

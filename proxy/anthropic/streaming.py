@@ -15,7 +15,7 @@ from typing import Any
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.anthropic import protocol
 from proxy.anthropic.protocol import CacheCreation
-from proxy.anthropic.tools import tool_use
+from proxy.anthropic.tools import ReplyBlock, TextBlock, tool_use
 from proxy.serving.starting import Begun
 from proxy.tools.spec import Arguments, CallStart, Piece, Text
 
@@ -34,13 +34,13 @@ class _Blocks:
         if isinstance(piece, CallStart):
             out += self._open("tool_use", tool_use(piece.id, piece.name, {}))
         elif self.kind != "text":
-            out += self._open("text", {"type": "text", "text": ""})
+            out += self._open("text", TextBlock(type="text", text=""))
         if isinstance(piece, Text):
             delta = {"type": "text_delta", "text": piece.text}
             out.append(_event("content_block_delta", {"index": self.index, "delta": delta}))
         return out
 
-    def _open(self, kind: str, block: dict[str, Any]) -> list[str]:
+    def _open(self, kind: str, block: ReplyBlock) -> list[str]:
         out = self.close()
         self.index, self.kind = self.index + 1, kind
         return [*out, _event("content_block_start", {"index": self.index, "content_block": block})]

@@ -22,7 +22,7 @@ from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.named.registry import MemoryNamedCaches, NamedCache, NamedCaches, RedisNamedCaches
 from proxy.responses.state import state_timeout
-from proxy.tools.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, TemplateMessage, render_chat
 from store.index.memory.index import MEMORY_URL
 from store.index.redis.connect import REDIS_ERRORS, redis_client
 
@@ -60,7 +60,7 @@ def chain(record: NamedCache) -> tuple[Namespace, list[BlockHash]]:
     ]
 
 
-def rendered(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
+def rendered(tokenizer: Any, messages: list[TemplateMessage], generation_prompt: bool = True) -> list[int]:
     """``messages`` rendered by ``tokenizer``'s chat template as a prompt, or
     (``generation_prompt`` False) as a cache's content.
 
@@ -91,10 +91,10 @@ async def with_cache(
     tenant: str,
     name: str,
     model: str,
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     param: str,
     tools: object = None,
-) -> list[dict[str, Any]]:
+) -> list[TemplateMessage]:
     """The cache ``name``'s messages, then ``messages`` (a request's, naming it in ``param``).
 
     Raises:
