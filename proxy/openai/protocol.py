@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from proxy.tools.rendering import TemplateMessage
+
 # NOTE: strict numbers and booleans: "5" is not a max_tokens and "yes" is not a stream.
 Count = Annotated[StrictInt, Field(ge=1)]
 Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
@@ -32,9 +34,9 @@ class ChatMessage(_Lenient):
     tool_call_id: str | None = None
     function_call: dict[str, Any] | None = None
 
-    def for_template(self) -> dict[str, Any]:
+    def for_template(self) -> TemplateMessage:
         """The message as chat templates take it: role, text and the tool fields that are set."""
-        out: dict[str, Any] = {"role": self.template_role(), "content": self.text()}
+        out: TemplateMessage = {"role": self.template_role(), "content": self.text()}
         for field in ("name", "tool_calls", "tool_call_id", "function_call"):
             if getattr(self, field) is not None:
                 out[field] = getattr(self, field)
@@ -118,7 +120,7 @@ class ResponseFormat(_Lenient):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
 
-    def template_messages(self) -> list[dict[str, Any]]:
+    def template_messages(self) -> list[TemplateMessage]:
         return [m.for_template() for m in self.messages]
 
     max_completion_tokens: Count | None = None

@@ -23,6 +23,7 @@ import xxhash
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatMessage
 from proxy.openai.turns import messages_prompt_ids
+from proxy.tools.rendering import TemplateMessage
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Continuation:
 def continuation(
     tokenizer: Any,
     vocab_size: int,
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     tools: list[Any] | None,
     rendered: list[int],
     prompt_ids: list[int],

@@ -1,5 +1,5 @@
-"""The OpenAI Responses API's request (``POST /v1/responses``), and the same request as a chat
-completion: kvproxy serves a response through the chat route's one path
+"""The OpenAI Responses API's request (``POST /v1/responses``), the same request as a chat
+completion, and the response's usage: kvproxy serves a response through the chat route's one path
 (``proxy.openai.chat.start_chat``), so a conversation gets the same prompt, and with greedy
 decoding the same answer, through either API.
 
@@ -11,7 +11,7 @@ would change the answer and cannot be honoured are refused, naming the field.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
@@ -19,6 +19,9 @@ from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, Count, Real
 from proxy.tools.limits import check_tool_count
 from proxy.tools.rendering import TemplateMessage
+
+if TYPE_CHECKING:
+    from proxy.serving.turn import Usage
 
 UNSUPPORTED = {
     "background": "background responses are not supported; send the request and wait, or stream it",
@@ -205,3 +208,18 @@ def responses_param(param: str | None) -> str | None:
         if param == chat or param.startswith((chat + ".", chat + "[")):
             return ours if chat == "messages" else ours + param[len(chat) :]
     return param.replace(".function.", ".", 1) if param.startswith("tools[") else param
+
+
+def usage(counts: Usage) -> dict[str, Any]:
+    """Responses usage: ``input_tokens_details.cached_tokens`` served from the cache,
+    ``cache_write_tokens`` newly stored (``proxy.serving.running.written_tokens``)."""
+    return {
+        "input_tokens": counts.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": counts.cached_tokens,
+            "cache_write_tokens": counts.written_tokens,
+        },
+        "output_tokens": counts.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": counts.total_tokens,
+    }

@@ -25,12 +25,12 @@ from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
 from proxy.responses.events import events
 from proxy.responses.items import chat_messages, check_calls, input_items, output_items
-from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param
+from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
 from proxy.responses.state import ResponseStore, StoredResponse, state_place
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
-from proxy.serving.turn import Params, Usage
+from proxy.serving.turn import Params
 from proxy.state import EngineDep, SettingsDep
 from store.index.redis.connect import REDIS_ERRORS
 from store.index.redis.faults import redis_fault
@@ -195,21 +195,6 @@ async def create(
     output = output_items(result.text, result.calls, result.finish_reason != "length")
     generated = [t.token_id for t in result.tokens]
     return json_response(turn.started, await finish(output, result.finished, generated, result.raw))
-
-
-def usage(counts: Usage) -> dict[str, Any]:
-    """Responses usage: ``input_tokens_details.cached_tokens`` served from the cache,
-    ``cache_write_tokens`` newly stored (``proxy.serving.running.written_tokens``)."""
-    return {
-        "input_tokens": counts.prompt_tokens,
-        "input_tokens_details": {
-            "cached_tokens": counts.cached_tokens,
-            "cache_write_tokens": counts.written_tokens,
-        },
-        "output_tokens": counts.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": counts.total_tokens,
-    }
 
 
 @router.get("/v1/responses/{response_id}")

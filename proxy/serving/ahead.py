@@ -20,7 +20,7 @@ from typing import Any
 from engine.requests import GenerationRequest
 from engine.worker import Engine
 from proxy.config import Settings
-from proxy.tools.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, TemplateMessage, render_chat
 
 _PROBES = ("x", "7 " + "\n")
 """Two next messages that share no first character (letters, digits, spaces, newlines)."""
@@ -28,7 +28,7 @@ _PROBES = ("x", "7 " + "\n")
 
 def next_turn_start(
     tokenizer: Any,
-    messages: Sequence[dict[str, Any]],
+    messages: Sequence[TemplateMessage],
     answer: str,
     template_kwargs: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
@@ -54,7 +54,7 @@ def next_turn_start(
 
 def system_boundary(
     tokenizer: Any,
-    messages: Sequence[dict[str, Any]],
+    messages: Sequence[TemplateMessage],
     prompt_ids: Sequence[int],
     template_kwargs: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
@@ -77,34 +77,25 @@ def system_boundary(
     return (len(ids),) if 0 < len(ids) < len(prompt_ids) and list(prompt_ids[: len(ids)]) == ids else ()
 
 
-def chat_boundaries(
-    engine: Engine,
-    messages: Sequence[dict[str, Any]],
-    prompt_ids: Sequence[int],
-    data: dict[str, Any] | None,
-    tools: list[dict[str, Any]] | None = None,
-) -> tuple[int, ...]:
-    """``system_boundary`` of a chat request on ``engine``'s model."""
-    return system_boundary(engine.loaded.tokenizer, messages, prompt_ids, data, tools)
-
-
 def render_ahead(
     engine: Engine,
+    tokenizer: Any,
     settings: Settings,
-    messages: Sequence[dict[str, Any]],
+    messages: Sequence[TemplateMessage],
     generation: GenerationRequest,
     data: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> Callable[[str], object] | None:
     """What ``proxy.serving.running.start`` calls with a chat turn's answer: the next turn's
     start, rendered on a worker thread, handed to the engine (``Engine.render_ahead``) with the
-    request's tenant and TTLs. None when the cache or render-ahead is off."""
+    request's tenant and TTLs (``tokenizer``: the served model's). None when the cache or
+    render-ahead is off."""
     if engine.cache is None or settings.no_render_ahead:
         return None
     loop = asyncio.get_running_loop()
 
     def job(answer: str) -> None:
-        ids = next_turn_start(engine.loaded.tokenizer, messages, answer, data, tools)
+        ids = next_turn_start(tokenizer, messages, answer, data, tools)
         if len(ids) > len(generation.prompt_ids):
             ttls = generation.cache_ttl_s
             engine.render_ahead(

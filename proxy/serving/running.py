@@ -26,7 +26,7 @@ from engine.worker import Engine
 from hashing import BLOCK_SIZE, num_full_blocks
 from proxy.http.auth import reads_own_text
 from proxy.http.errors import OpenAIError
-from proxy.serving.explain import EXPLAIN_HEADER, cache_headers, explain
+from proxy.serving.explain import EXPLAIN_HEADER, Explanation, cache_headers, explain
 from proxy.serving.facts import ModelFacts
 from proxy.serving.turn import Usage
 
@@ -95,7 +95,7 @@ class Started:
     running: Running
     done: PrefillDone
     headers: dict[str, str]
-    explanation: dict[str, Any] | None
+    explanation: Explanation | None
     written: int = 0
 
     def usage(self, completion_tokens: int) -> Usage:

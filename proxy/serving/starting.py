@@ -96,7 +96,7 @@ async def start_turn(
     if turn.messages is not None:
         # NOTE: after a prefill, the next turn holds the whole assistant turn: prefill and answer
         history = prompt.messages[:-1] if turn.prefill is not None else prompt.messages
-        ahead = render_ahead(engine, settings, history, generation, prompt.data, prompt.tools)
+        ahead = render_ahead(engine, tokenizer, settings, history, generation, prompt.data, prompt.tools)
         if ahead is not None and turn.prefill is not None:
             ahead = partial(_continued, ahead, turn.prefill)
         if turn.tools is not None:

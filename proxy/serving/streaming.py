@@ -18,7 +18,7 @@ from proxy.serving.running import Started
 def json_response(started: Started, body: dict[str, Any]) -> JSONResponse:
     """A finished completion: the cache headers, and the explanation in the body when asked."""
     if started.explanation is not None:
-        body[EXPLANATION_FIELD] = started.explanation
+        body[EXPLANATION_FIELD] = started.explanation.as_json()
     return JSONResponse(body, headers=started.headers)
 
 

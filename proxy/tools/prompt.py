@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.tools.formats import ToolFormat
-from proxy.tools.rendering import render_chat
+from proxy.tools.rendering import TemplateMessage, render_chat
 from proxy.tools.spec import EMPTY_PARAMETERS, NOT_JSON, Tool, ToolSet, canonical, dumps, json_value
 
 GENERIC_INSTRUCTIONS = (
@@ -35,8 +35,8 @@ def generic_instructions(tools: ToolSet) -> str:
 
 
 def tool_messages(
-    messages: list[dict[str, Any]], tools: ToolSet | None, fmt: ToolFormat
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    messages: list[TemplateMessage], tools: ToolSet | None, fmt: ToolFormat
+) -> tuple[list[TemplateMessage], list[dict[str, Any]] | None]:
     """The messages to render and the ``tools`` argument of the template (None: none)."""
     if fmt.native:
         native = [_native_turn(m) for m in messages]
@@ -46,7 +46,7 @@ def tool_messages(
     return _generic_turns(messages, tools), None
 
 
-def _native_turn(message: dict[str, Any]) -> dict[str, Any]:
+def _native_turn(message: TemplateMessage) -> TemplateMessage:
     if not message.get("tool_calls"):
         return message
     calls = []
@@ -57,13 +57,13 @@ def _native_turn(message: dict[str, Any]) -> dict[str, Any]:
     return message | {"tool_calls": calls}
 
 
-def _generic_turns(messages: list[dict[str, Any]], tools: ToolSet | None) -> list[dict[str, Any]]:
+def _generic_turns(messages: list[TemplateMessage], tools: ToolSet | None) -> list[TemplateMessage]:
     names = {
         call.get("id"): (call.get("function") or {}).get("name")
         for m in messages
         for call in m.get("tool_calls") or ()
     }
-    out: list[dict[str, Any]] = []
+    out: list[TemplateMessage] = []
     for message in messages:
         role, text = message["role"], message.get("content") or ""
         if role == "assistant":
@@ -113,7 +113,7 @@ def _arguments_object(arguments: Any) -> Any:
 
 def tools_span(
     tokenizer: Any,
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     tools: ToolSet,
     fmt: ToolFormat,
     ids: list[int],
