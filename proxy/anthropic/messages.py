@@ -1,5 +1,5 @@
 """``POST /v1/messages``: Anthropic's Messages API on the local model, with prompt caching and
-tools: the body is read once as a turn (``proxy.anthropic.chat``) and started by the core."""
+tools: the body is read once as a turn (``proxy.anthropic.turns``) and started by the core."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from starlette.concurrency import run_in_threadpool
 
 from proxy.anthropic import protocol as anthropic
 from proxy.anthropic.caching import creation
-from proxy.anthropic.chat import check_body, messages_turn
 from proxy.anthropic.named import messages_body
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content
+from proxy.anthropic.turns import check_body, messages_turn
 from proxy.http.auth import Tenant
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.prompts import layout, render_turn

@@ -14,8 +14,8 @@ from typing import Annotated, Any, TypedDict
 from fastapi import APIRouter, Depends, Request
 
 from engine.requests import Failed, Finished, TokenDelta
-from proxy.gemini.chat import contents_messages, gemini_turn
 from proxy.gemini.protocol import GenerateContentRequest, model_name
+from proxy.gemini.turns import contents_messages, gemini_turn
 from proxy.http.auth import Tenant
 from proxy.named import service
 from proxy.named.registry import NamedCaches

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine
-from proxy.gemini.chat import gemini_turn
 from proxy.gemini.generate import NamedDep, prompt_messages
 from proxy.gemini.protocol import GenerateContentRequest, model_name
+from proxy.gemini.turns import gemini_turn
 from proxy.http.auth import Tenant, get_tenant
 from proxy.http.numbers import page_bounds
 from proxy.serving.facts import served_model

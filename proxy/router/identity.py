@@ -30,8 +30,8 @@ from hashing import (
     block_hashes,
     route_namespace,
 )
-from proxy.anthropic.chat import messages_turn
 from proxy.anthropic.protocol import MessagesRequest
+from proxy.anthropic.turns import messages_turn
 from proxy.gemini.protocol import CachedContentRequest, GenerateContentRequest
 from proxy.gemini.protocol import chat_messages as gemini_messages
 from proxy.http.errors import OpenAIError
