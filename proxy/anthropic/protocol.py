@@ -10,13 +10,10 @@ length.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
-
-from proxy.tools.rendering import TemplateMessage
 
 if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
     from engine.requests import Finished
@@ -122,67 +119,9 @@ class MessagesRequest(_Lenient):
                         )
         return None
 
-    def template_messages(self) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:
-        """The messages as chat templates take them (OpenAI's shape: an assistant's ``tool_use``
-        blocks as ``tool_calls``, each ``tool_result`` as a ``tool`` message before the user's
-        text), and the ``cache_control`` breakpoints as ``(index of the template message that
-        holds it, TTL in seconds)``."""
-        messages: list[TemplateMessage] = []
-        breakpoints: list[tuple[int, int]] = []
-        if self.system is not None:
-            system = (
-                [ContentBlock(type="text", text=self.system)] if isinstance(self.system, str) else self.system
-            )
-            messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
-            breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
-        turns = self.turns()
-        for message in turns:
-            if message is turns[-1] and message.role == "assistant" and not message.content:
-                break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
-            blocks = message.blocks()
-            for block in blocks:
-                if block.type == "tool_result":
-                    extra = block.model_extra or {}
-                    messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": extra.get("tool_use_id"),
-                            "content": result_text(extra),
-                        }
-                    )
-            text = "".join(b.text or "" for b in blocks if b.type == "text")
-            calls = [_tool_call(b.model_extra or {}) for b in blocks if b.type == "tool_use"]
-            if text or calls or not any(b.type == "tool_result" for b in blocks):
-                turn: TemplateMessage = {"role": message.role, "content": text}
-                messages.append(turn | ({"tool_calls": calls} if calls else {}))
-            breakpoints += [
-                (len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control
-            ]
-        if self.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
-            breakpoints.append((len(messages) - 1, TTL_S[self.cache_control.ttl]))
-        return messages, breakpoints
-
 
 BLOCK_TYPES = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
 """The content blocks each role may send."""
-
-
-def result_text(block: dict[str, Any]) -> str:
-    """A ``tool_result``'s content as text (a string, or its text blocks joined); an error's
-    content is marked as one."""
-    content = block.get("content") or ""
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return f"Error: {content}" if block.get("is_error") else str(content)
-
-
-def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
-    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-    return {
-        "id": block.get("id"),
-        "type": "function",
-        "function": {"name": block.get("name"), "arguments": arguments},
-    }
 
 
 class CountTokensRequest(MessagesRequest):

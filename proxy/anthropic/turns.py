@@ -6,12 +6,17 @@ find the replica that holds them, so this module imports no engine.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
-from proxy.anthropic.protocol import MessagesRequest
+from proxy.anthropic.protocol import TTL_S, ContentBlock, MessagesRequest
 from proxy.anthropic.tools import message_tools, tool_breakpoints
 from proxy.http.errors import OpenAIError
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
+from proxy.tools.rendering import TemplateMessage
 
 PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="")
 """Where a Messages body's errors are named."""
@@ -37,7 +42,7 @@ def check_body(body: MessagesRequest) -> None:
 
 def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
     """The body as a turn: the template messages before any tool definitions go in
-    (``MessagesRequest.template_messages``), the tools and tool choice, a cache mark per
+    (``template_messages``), the tools and tool choice, a cache mark per
     ``cache_control`` breakpoint (one on a tool definition counts only when there are tools to
     write: they come first in the prompt), the prefill, ``temperature``, ``top_p``,
     ``max_tokens`` (None for ``count_tokens``) and ``stop_sequences``.
@@ -48,7 +53,7 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
     """
     extra = body.model_extra or {}
     tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
-    messages, breakpoints = body.template_messages()
+    messages, breakpoints = template_messages(body)
     marks = [CacheMark(index, ttl) for index, ttl in breakpoints]
     if tools is not None:
         marks += [CacheMark(None, ttl) for ttl in tool_breakpoints(extra.get("tools"))]
@@ -65,3 +70,61 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
         params=PARAMS,
         call_prefix=CALL_PREFIX,
     )
+
+
+def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:
+    """A Messages body's system prompt and messages as chat templates take them (OpenAI's shape:
+    an assistant's ``tool_use`` blocks as ``tool_calls``, each ``tool_result`` as a ``tool``
+    message before the user's text), and the ``cache_control`` breakpoints as ``(index of the
+    template message that holds it, TTL in seconds)``."""
+    messages: list[TemplateMessage] = []
+    breakpoints: list[tuple[int, int]] = []
+    if body.system is not None:
+        system = (
+            [ContentBlock(type="text", text=body.system)] if isinstance(body.system, str) else body.system
+        )
+        messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
+        breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
+    turns = body.turns()
+    for message in turns:
+        if message is turns[-1] and message.role == "assistant" and not message.content:
+            break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
+        blocks = message.blocks()
+        for block in blocks:
+            if block.type == "tool_result":
+                extra = block.model_extra or {}
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": extra.get("tool_use_id"),
+                        "content": result_text(extra),
+                    }
+                )
+        text = "".join(b.text or "" for b in blocks if b.type == "text")
+        calls = [_tool_call(b.model_extra or {}) for b in blocks if b.type == "tool_use"]
+        if text or calls or not any(b.type == "tool_result" for b in blocks):
+            turn: TemplateMessage = {"role": message.role, "content": text}
+            messages.append(turn | ({"tool_calls": calls} if calls else {}))
+        breakpoints += [(len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control]
+    if body.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
+        breakpoints.append((len(messages) - 1, TTL_S[body.cache_control.ttl]))
+    return messages, breakpoints
+
+
+def result_text(block: Mapping[str, Any]) -> str:
+    """A ``tool_result``'s content as text (a string, or its text blocks joined); an error's
+    content is marked as one."""
+    content = block.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return f"Error: {content}" if block.get("is_error") else str(content)
+
+
+def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` block as a template message's ``tool_calls`` entry (OpenAI's shape)."""
+    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
