@@ -66,7 +66,7 @@ async def chat_completions(
     begun = await start_chat(body, request, engine, settings, tenant)
     started, plan = begun.started, begun.plan
     completion_id, created = new_id("chatcmpl"), now()
-    tokenizer = engine.loaded.tokenizer
+    tokenizer = served_model(engine).tokenizer
 
     def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
         return chat_logprobs(tokenizer, tokens) if body.logprobs and tokens else None
