@@ -1,6 +1,7 @@
 """Running a request on the engine from the event loop: submit it, wait for its prompt to be
 computed (recording metrics and, when asked, an explanation), then collect the whole completion
-or hand its events to the streaming response. A client that goes away cancels its request."""
+or hand its events to the streaming response; or store a prompt's K/V without sampling
+(``store_prompt``: prewarm, named caches). A client that goes away cancels its request."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from proxy.serving.turn import Usage
 
 DISCONNECT_POLL_S = 0.2
 FLUSH_TIMEOUT_S = 30.0
-"""Most seconds the answer waits for the blocks to be stored and indexed."""
+"""Most seconds ``store_prompt`` waits for the blocks to be stored and indexed."""
 
 
 class Running:
