@@ -1,5 +1,6 @@
 """Anthropic's prompt caching on kvproxy's blocks: the rules a body's ``cache_control`` marks must
-keep, the TTL plan they give the prompt's blocks, and ``usage.cache_creation``.
+keep (the core turns them into a TTL plan: ``proxy.serving.prompts.layout``), and
+``usage.cache_creation``.
 
 Source: Anthropic's API reference, Prompt caching (at most 4 breakpoints; TTLs ``5m`` and ``1h``,
 a longer one never after a shorter one in the order tools, system, messages; top-level automatic
@@ -12,14 +13,10 @@ import itertools
 from typing import TYPE_CHECKING
 
 from hashing import BLOCK_SIZE
+from proxy.anthropic.protocol import MAX_BREAKPOINTS, TTL_S, CacheCreation, MessagesRequest
 
 if TYPE_CHECKING:
-    from proxy.anthropic.protocol import MessagesRequest
-
-TTL_S = {"5m": 300, "1h": 3600}
-"""``cache_control.ttl`` in seconds (absent: 5 minutes)."""
-MAX_BREAKPOINTS = 4
-"""Anthropic's most ``cache_control`` marks in one request."""
+    from store.interface import TtlPlan
 
 
 def breakpoint_error(body: MessagesRequest) -> tuple[str, str] | None:
@@ -67,31 +64,21 @@ def breakpoint_error(body: MessagesRequest) -> tuple[str, str] | None:
     return None
 
 
-def breakpoint_ttls(prompt_tokens: int, breakpoints: list[tuple[int, int]]) -> tuple[int | None, ...]:
-    """The TTL plan of a prompt with breakpoints ``(token position where the marked content ends,
-    TTL)``: each full block ending at or before a breakpoint takes that breakpoint's TTL (the first
-    one that covers it), and a block a breakpoint falls inside the longest of that and theirs, so
-    the tail stored where marked content ends (``hashing.tails``: it takes the TTL of the block it
-    would be) keeps its TTL; later blocks take the server's (None)."""
-    plan: list[int | None] = []
-    for i in range(-(-prompt_tokens // BLOCK_SIZE)):
-        start, end = i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE
-        covering = next((ttl for position, ttl in breakpoints if position >= end), None)
-        inside = [ttl for position, ttl in breakpoints if start < position < end]
-        plan.append(max([*inside, *([covering] if covering is not None else [])], default=None))
-    while plan and plan[-1] is None:
-        plan.pop()
-    return tuple(plan)
-
-
-def creation(ttls: tuple[int | None, ...], server_ttl: int, start: int, created: int) -> dict[str, int]:
+def creation(plan: TtlPlan, server_ttl: int, start: int, created: int) -> CacheCreation:
     """``usage.cache_creation``: the ``created`` tokens stored from position ``start`` on, by the
-    TTL their block was stored with (``ttls``, the prompt's TTL plan; None and blocks past it: the
+    TTL their block was stored with (``plan``, the prompt's TTL plan; None and blocks past it: the
     server's ``--ttl``): ``ephemeral_1h_input_tokens`` those kept an hour or longer, the rest
     ``ephemeral_5m_input_tokens``."""
     long, end = 0, start + created
     for block in range(start // BLOCK_SIZE, -(-end // BLOCK_SIZE)):
-        ttl = ttls[block] if block < len(ttls) else None
+        ttl = _block_ttl(plan, block)
         if (server_ttl if ttl is None else ttl) >= TTL_S["1h"]:
             long += min((block + 1) * BLOCK_SIZE, end) - max(block * BLOCK_SIZE, start)
-    return {"ephemeral_5m_input_tokens": created - long, "ephemeral_1h_input_tokens": long}
+    return CacheCreation(ephemeral_5m_input_tokens=created - long, ephemeral_1h_input_tokens=long)
+
+
+def _block_ttl(plan: TtlPlan, block: int) -> int | None:
+    """Block ``block``'s TTL under ``plan`` (None: the server's)."""
+    if plan is None or isinstance(plan, int):
+        return plan
+    return plan[block] if block < len(plan) else None

@@ -10,16 +10,20 @@ length.
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from proxy.anthropic.caching import TTL_S
-
 if TYPE_CHECKING:  # NOTE: the router parses Messages bodies and never imports torch
-    from engine.requests import Finished, PrefillDone
+    from engine.requests import Finished
+    from proxy.serving.turn import Usage
 
+
+TTL_S = {"5m": 300, "1h": 3600}
+"""``cache_control.ttl`` in seconds (absent: 5 minutes)."""
+MAX_BREAKPOINTS = 4
+"""Anthropic's most ``cache_control`` marks in one request."""
 
 Real = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 
@@ -115,67 +119,9 @@ class MessagesRequest(_Lenient):
                         )
         return None
 
-    def template_messages(self) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
-        """The messages as chat templates take them (OpenAI's shape: an assistant's ``tool_use``
-        blocks as ``tool_calls``, each ``tool_result`` as a ``tool`` message before the user's
-        text), and the ``cache_control`` breakpoints as ``(index of the template message that
-        holds it, TTL in seconds)``."""
-        messages: list[dict[str, Any]] = []
-        breakpoints: list[tuple[int, int]] = []
-        if self.system is not None:
-            system = (
-                [ContentBlock(type="text", text=self.system)] if isinstance(self.system, str) else self.system
-            )
-            messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
-            breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
-        turns = self.turns()
-        for message in turns:
-            if message is turns[-1] and message.role == "assistant" and not message.content:
-                break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
-            blocks = message.blocks()
-            for block in blocks:
-                if block.type == "tool_result":
-                    extra = block.model_extra or {}
-                    messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": extra.get("tool_use_id"),
-                            "content": result_text(extra),
-                        }
-                    )
-            text = "".join(b.text or "" for b in blocks if b.type == "text")
-            calls = [_tool_call(b.model_extra or {}) for b in blocks if b.type == "tool_use"]
-            if text or calls or not any(b.type == "tool_result" for b in blocks):
-                turn: dict[str, Any] = {"role": message.role, "content": text}
-                messages.append(turn | ({"tool_calls": calls} if calls else {}))
-            breakpoints += [
-                (len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control
-            ]
-        if self.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
-            breakpoints.append((len(messages) - 1, TTL_S[self.cache_control.ttl]))
-        return messages, breakpoints
-
 
 BLOCK_TYPES = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
 """The content blocks each role may send."""
-
-
-def result_text(block: dict[str, Any]) -> str:
-    """A ``tool_result``'s content as text (a string, or its text blocks joined); an error's
-    content is marked as one."""
-    content = block.get("content") or ""
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return f"Error: {content}" if block.get("is_error") else str(content)
-
-
-def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
-    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-    return {
-        "id": block.get("id"),
-        "type": "function",
-        "function": {"name": block.get("name"), "arguments": arguments},
-    }
 
 
 class CountTokensRequest(MessagesRequest):
@@ -184,15 +130,35 @@ class CountTokensRequest(MessagesRequest):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # type: ignore[assignment]
 
 
-def usage(done: PrefillDone, output_tokens: int, created: int) -> dict[str, Any]:
-    """Anthropic usage counts of a request whose prompt was computed as ``done`` says, ``created``
-    of its tokens newly stored in the cache (``proxy.serving.running.written_tokens``): as the
-    response's ``usage`` and as the streamed ``message_delta``'s (``MessageDeltaUsage``: cumulative)."""
+class CacheCreation(TypedDict):
+    """``usage.cache_creation``: the prompt's tokens this request stored, by how long they are
+    kept (``proxy.anthropic.caching.creation``)."""
+
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+
+class MessagesUsage(TypedDict):
+    """A Messages response's ``usage`` (and a streamed ``message_start``'s and
+    ``message_delta``'s: ``MessageDeltaUsage``, cumulative)."""
+
+    input_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    output_tokens: int
+    cache_creation: CacheCreation
+
+
+def usage(counts: Usage, split: CacheCreation) -> MessagesUsage:
+    """Anthropic usage of a request: ``cache_read_input_tokens`` read from the cache,
+    ``cache_creation_input_tokens`` newly stored (``proxy.serving.running.written_tokens``; split
+    by TTL in ``cache_creation``), ``input_tokens`` the rest of the prompt."""
     return {
-        "input_tokens": done.prompt_tokens - done.cached_tokens - created,
-        "cache_creation_input_tokens": created,
-        "cache_read_input_tokens": done.cached_tokens,
-        "output_tokens": output_tokens,
+        "input_tokens": counts.uncached_tokens,
+        "cache_creation_input_tokens": counts.written_tokens,
+        "cache_read_input_tokens": counts.cached_tokens,
+        "output_tokens": counts.completion_tokens,
+        "cache_creation": split,
     }
 
 
@@ -209,9 +175,9 @@ def stop_reason(finished: Finished, called: bool = False) -> str:
 def message(
     message_id: str,
     model: str,
-    content: list[dict[str, Any]],
+    content: Sequence[Mapping[str, object]],
     finished: Finished | None,
-    usage: dict[str, Any],
+    usage: MessagesUsage,
 ) -> dict[str, Any]:
     """A Messages API response object (no ``finished``: the empty message of ``message_start``)."""
     called = any(block["type"] == "tool_use" for block in content)

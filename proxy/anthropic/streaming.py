@@ -14,9 +14,9 @@ from typing import Any
 
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.anthropic import protocol
-from proxy.anthropic.tools import tool_use
-from proxy.serving.running import Started
-from proxy.tools.answer import AnswerPlan
+from proxy.anthropic.protocol import CacheCreation
+from proxy.anthropic.tools import ReplyBlock, TextBlock, tool_use
+from proxy.serving.starting import Begun
 from proxy.tools.spec import Arguments, CallStart, Piece, Text
 
 
@@ -34,13 +34,13 @@ class _Blocks:
         if isinstance(piece, CallStart):
             out += self._open("tool_use", tool_use(piece.id, piece.name, {}))
         elif self.kind != "text":
-            out += self._open("text", {"type": "text", "text": ""})
+            out += self._open("text", TextBlock(type="text", text=""))
         if isinstance(piece, Text):
             delta = {"type": "text_delta", "text": piece.text}
             out.append(_event("content_block_delta", {"index": self.index, "delta": delta}))
         return out
 
-    def _open(self, kind: str, block: dict[str, Any]) -> list[str]:
+    def _open(self, kind: str, block: ReplyBlock) -> list[str]:
         out = self.close()
         self.index, self.kind = self.index + 1, kind
         return [*out, _event("content_block_start", {"index": self.index, "content_block": block})]
@@ -52,17 +52,13 @@ class _Blocks:
         return [_event("content_block_stop", {"index": self.index})]
 
 
-async def events(
-    started: Started, message_id: str, model: str, written: tuple[int, dict[str, int]], plan: AnswerPlan
-) -> AsyncIterator[str]:
-    """The event sequence of one streamed reply (see the module docstring); ``written``: the
-    prompt's tokens newly stored, and their ``cache_creation`` split."""
-    running, done = started.running, started.done
-    answer, blocks = plan.stream(), _Blocks()
-    created, split = written
+async def events(begun: Begun, message_id: str, model: str, split: CacheCreation) -> AsyncIterator[str]:
+    """The event sequence of one streamed reply (see the module docstring); ``split``: the
+    ``cache_creation`` split of the prompt's tokens newly stored."""
+    running = begun.started.running
+    answer, blocks = begun.plan.stream(), _Blocks()
     try:
-        usage = protocol.usage(done, 0, created) | {"cache_creation": split}
-        start = protocol.message(message_id, model, [], None, usage)
+        start = protocol.message(message_id, model, [], None, protocol.usage(begun.usage(0), split))
         yield _event("message_start", {"message": start})
         async for event in running:
             if isinstance(event, TokenDelta) and event.text:
@@ -79,7 +75,7 @@ async def events(
                 # NOTE: cumulative counts, as the SDK's MessageDeltaUsage has them, and the
                 # cache_creation split beside them: clients such as LangChain's ChatAnthropic read
                 # a stream's input and cache counts here, as they read a reply's usage
-                final = protocol.usage(done, event.completion_tokens, created) | {"cache_creation": split}
+                final = protocol.usage(begun.usage(event.completion_tokens), split)
                 yield _event("message_delta", {"delta": delta, "usage": final})
                 yield _event("message_stop", {})
             elif isinstance(event, Failed):

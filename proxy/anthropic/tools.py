@@ -7,9 +7,9 @@ the cache order: tools, system, messages).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Literal, TypedDict, cast
 
-from proxy.anthropic.caching import TTL_S
+from proxy.anthropic.protocol import TTL_S
 from proxy.http.errors import OpenAIError
 from proxy.tools.limits import SchemaBudget, check_tool_count
 from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, json_value, make_tool, tool_set
@@ -55,10 +55,30 @@ def tool_breakpoints(tools: Any) -> list[int]:
     return [TTL_S[m.get("ttl", "5m")] for m in marks if isinstance(m, dict) and m.get("ttl", "5m") in TTL_S]
 
 
-def content(text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+class TextBlock(TypedDict):
+    """A reply's ``text`` content block."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(TypedDict):
+    """A reply's ``tool_use`` content block: a call, its arguments as ``input``."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: Any
+
+
+ReplyBlock = TextBlock | ToolUseBlock
+"""A content block of a reply."""
+
+
+def content(text: str, calls: list[ToolCall]) -> list[ReplyBlock]:
     """A reply's content blocks: its text (when there is any, or nothing else), then a
     ``tool_use`` block per call."""
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
+    blocks: list[ReplyBlock] = [TextBlock(type="text", text=text)] if text or not calls else []
     return blocks + [tool_use(call.id, call.name, _input(call.arguments)) for call in calls]
 
 
@@ -68,5 +88,6 @@ def _input(arguments: str) -> Any:
     return {} if value is NOT_JSON else value
 
 
-def tool_use(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+def tool_use(call_id: str, name: str, arguments: Any) -> ToolUseBlock:
+    """A ``tool_use`` block (``arguments``: its ``input``, a JSON object)."""
     return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}

@@ -1,83 +1,130 @@
-"""What the Messages API asks of a body's text beyond its types, refused in Anthropic's words, and
-the prefill: a final assistant turn that the answer continues.
-
-Source: Anthropic's Messages API reference ("if the final message uses the assistant role, the
-response content will continue immediately from the content in that message") and the 400
-``invalid_request_error`` messages its API answers: "text content blocks must be non-empty",
-"text content blocks must contain non-whitespace text", "all messages must have non-empty
-content except for the optional final assistant message", "final assistant content cannot end
-with trailing whitespace".
+"""A Messages body read once as the neutral turn the core runs (``proxy.serving.turn``): its
+template messages (OpenAI's shape), tools, ``cache_control`` breakpoints as cache marks, prefill
+and sampling. ``/v1/messages`` starts the turn; ``kvproxy route`` renders the same messages to
+find the replica that holds them, so this module imports no engine.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
-from proxy.anthropic.protocol import ContentBlock, MessagesRequest
+from proxy.anthropic.caching import breakpoint_error
+from proxy.anthropic.content import content_error, prefill
+from proxy.anthropic.protocol import TTL_S, ContentBlock, MessagesRequest
+from proxy.anthropic.tools import message_tools, tool_breakpoints
+from proxy.http.errors import OpenAIError
+from proxy.serving.turn import CacheMark, Params, Sampling, Turn
+from proxy.tools.rendering import TemplateMessage
 
-EMPTY = "text content blocks must be non-empty"
-BLANK = "text content blocks must contain non-whitespace text"
-NO_CONTENT = "all messages must have non-empty content except for the optional final assistant message"
-TRAILING = "final assistant content cannot end with trailing whitespace"
+PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="")
+"""Where a Messages body's errors are named."""
+CALL_PREFIX = "toolu_"
+"""The prefix of the ids of the answer's ``tool_use`` blocks."""
 
 
-def content_error(body: MessagesRequest) -> tuple[str, str] | None:
-    """``(param, reason)`` for the first text Anthropic refuses, if any: an empty text block (in
-    ``system``, a message, or a ``tool_result``'s content), a message's text block of whitespace
-    only, a message with no content (but a final assistant one: an empty prefill is none), a
-    final assistant turn ending in whitespace or holding a ``tool_use`` (its result must follow)."""
-    for i, block in enumerate(body.system if isinstance(body.system, list) else []):
-        if block.type == "text" and not block.text:
-            return f"system[{i}].text", EMPTY
-    last = len(body.messages) - 1
-    for i, message in enumerate(body.messages):
-        prefill = i == last and message.role == "assistant"
-        if not message.content:
-            if prefill:
-                continue
-            return f"messages[{i}].content", NO_CONTENT
-        texts = _texts(f"messages[{i}].content", message.content)
-        for param, text in texts:
-            if not text:
-                return param, EMPTY
-            if not text.strip():
-                return param, BLANK
-        if prefill:
-            blocks = message.blocks()
-            calls = [j for j, b in enumerate(blocks) if b.type == "tool_use"]
-            if calls:
-                return (
-                    f"messages[{i}].content[{calls[0]}]",
-                    "a final assistant turn cannot hold a tool_use: its tool_result follows in a user turn",
+def check_body(body: MessagesRequest) -> None:
+    """Refuse what the body asks that this server cannot honour, in Anthropic's words.
+
+    Raises:
+        OpenAIError: 400 naming the field: one not supported (``unsupported_parameter``), text
+            Anthropic refuses (``proxy.anthropic.content.content_error``), a broken caching rule
+            (``proxy.anthropic.caching.breakpoint_error``).
+    """
+    if (unsupported := body.unsupported_field()) is not None:
+        param, reason = unsupported
+        raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
+    for broken in (content_error(body), breakpoint_error(body)):
+        if broken is not None:
+            raise OpenAIError(400, broken[1], param=broken[0])
+
+
+def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
+    """The body as a turn: the template messages before any tool definitions go in
+    (``template_messages``), the tools and tool choice, a cache mark per
+    ``cache_control`` breakpoint (one on a tool definition counts only when there are tools to
+    write: they come first in the prompt), the prefill, ``temperature``, ``top_p``,
+    ``max_tokens`` (None for ``count_tokens``) and ``stop_sequences``.
+
+    Raises:
+        OpenAIError: 400 naming a tool field that cannot be honoured
+            (``proxy.anthropic.tools.message_tools``).
+    """
+    extra = body.model_extra or {}
+    tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
+    messages, breakpoints = template_messages(body)
+    marks = [CacheMark(index, ttl) for index, ttl in breakpoints]
+    if tools is not None:
+        marks += [CacheMark(None, ttl) for ttl in tool_breakpoints(extra.get("tools"))]
+    return Turn(
+        body.model,
+        tenant,
+        messages=messages,
+        tools=tools,
+        sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
+        max_tokens=body.max_tokens,
+        stop=tuple(body.stop_sequences or ()),
+        marks=tuple(marks),
+        prefill=prefill(body),
+        params=PARAMS,
+        call_prefix=CALL_PREFIX,
+    )
+
+
+def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:
+    """A Messages body's system prompt and messages as chat templates take them (OpenAI's shape:
+    an assistant's ``tool_use`` blocks as ``tool_calls``, each ``tool_result`` as a ``tool``
+    message before the user's text), and the ``cache_control`` breakpoints as ``(index of the
+    template message that holds it, TTL in seconds)``."""
+    messages: list[TemplateMessage] = []
+    breakpoints: list[tuple[int, int]] = []
+    if body.system is not None:
+        system = (
+            [ContentBlock(type="text", text=body.system)] if isinstance(body.system, str) else body.system
+        )
+        messages.append({"role": "system", "content": "".join(b.text or "" for b in system)})
+        breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
+    turns = body.turns()
+    for message in turns:
+        if message is turns[-1] and message.role == "assistant" and not message.content:
+            break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
+        blocks = message.blocks()
+        for block in blocks:
+            if block.type == "tool_result":
+                extra = block.model_extra or {}
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": extra.get("tool_use_id"),
+                        "content": result_text(extra),
+                    }
                 )
-            param, text = texts[-1] if texts else ("", "")
-            if text and text != text.rstrip():
-                return param, TRAILING
-    return None
+        text = "".join(b.text or "" for b in blocks if b.type == "text")
+        calls = [_tool_call(b.model_extra or {}) for b in blocks if b.type == "tool_use"]
+        if text or calls or not any(b.type == "tool_result" for b in blocks):
+            turn: TemplateMessage = {"role": message.role, "content": text}
+            messages.append(turn | ({"tool_calls": calls} if calls else {}))
+        breakpoints += [(len(messages) - 1, TTL_S[b.cache_control.ttl]) for b in blocks if b.cache_control]
+    if body.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
+        breakpoints.append((len(messages) - 1, TTL_S[body.cache_control.ttl]))
+    return messages, breakpoints
 
 
-def prefill(body: MessagesRequest) -> str | None:
-    """The text the answer continues: the final message's, when it is the assistant's and holds
-    text (validated by ``content_error``); else None (an empty final assistant turn is none)."""
-    final = body.turns()[-1]
-    if final.role != "assistant":
-        return None
-    text = "".join(b.text or "" for b in final.blocks() if b.type == "text")
-    return text or None
+def result_text(block: Mapping[str, Any]) -> str:
+    """A ``tool_result``'s content as text (a string, or its text blocks joined); an error's
+    content is marked as one."""
+    content = block.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return f"Error: {content}" if block.get("is_error") else str(content)
 
 
-def _texts(param: str, content: str | list[ContentBlock]) -> list[tuple[str, str | None]]:
-    """``(param, text)`` of every text block of a message's ``content`` (``param``), those inside
-    its ``tool_result`` blocks included."""
-    if isinstance(content, str):
-        return [(param, content)]
-    out: list[tuple[str, str | None]] = []
-    for j, block in enumerate(content):
-        if block.type == "text":
-            out.append((f"{param}[{j}].text", block.text))
-        inner: Any = (block.model_extra or {}).get("content") if block.type == "tool_result" else None
-        for k, part in enumerate(inner if isinstance(inner, list) else []):
-            if isinstance(part, dict) and part.get("type") == "text":
-                text = part.get("text")
-                out.append((f"{param}[{j}].content[{k}].text", text if isinstance(text, str) else None))
-    return out
+def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` block as a template message's ``tool_calls`` entry (OpenAI's shape)."""
+    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }

@@ -9,25 +9,23 @@ named cache's pinned ones, and any other prefix the cache holds).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
-from engine.requests import Failed, Finished, GenerationRequest, PrefillDone, TokenDelta
-from engine.sampling import SamplingParams
-from engine.worker import Engine
-from proxy.config import Settings
-from proxy.gemini.protocol import GenerateContentRequest, chat_messages, model_name, refuse_unsupported
+from engine.requests import Failed, Finished, TokenDelta
+from proxy.gemini.protocol import GenerateContentRequest, model_name
+from proxy.gemini.turns import contents_messages, gemini_turn
 from proxy.http.auth import Tenant
-from proxy.http.errors import OpenAIError
 from proxy.named import service
 from proxy.named.registry import NamedCaches
-from proxy.serving.facts import served_model
-from proxy.serving.running import Started, complete, start
+from proxy.serving.facts import ModelFacts, served_model
+from proxy.serving.starting import Begun, finish_turn, start_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, sse
-from proxy.serving.validation import check_model, completion_budget
+from proxy.serving.turn import Usage
+from proxy.serving.validation import check_model
 from proxy.state import EngineDep, SettingsDep
+from proxy.tools.rendering import TemplateMessage
 
 router = APIRouter()
 NamedDep = Annotated[NamedCaches, Depends(service.get_named)]
@@ -36,82 +34,56 @@ FINISH_REASONS = {"stop": "STOP", "length": "MAX_TOKENS"}
 """kvproxy's finish reasons as Gemini's (anything else: ``OTHER``)."""
 
 
-def usage(done: PrefillDone, completion_tokens: int) -> dict[str, int]:
+class UsageMetadata(TypedDict):
+    """A ``GenerateContentResponse``'s ``usageMetadata``: ``cachedContentTokenCount`` of the
+    prompt's tokens were read from cached blocks."""
+
+    promptTokenCount: int
+    cachedContentTokenCount: int
+    candidatesTokenCount: int
+    totalTokenCount: int
+
+
+def usage_metadata(counts: Usage) -> UsageMetadata:
+    """A turn's counts as Gemini's ``usageMetadata``."""
     return {
-        "promptTokenCount": done.prompt_tokens,
-        "cachedContentTokenCount": done.cached_tokens,
-        "candidatesTokenCount": completion_tokens,
-        "totalTokenCount": done.prompt_tokens + completion_tokens,
+        "promptTokenCount": counts.prompt_tokens,
+        "cachedContentTokenCount": counts.cached_tokens,
+        "candidatesTokenCount": counts.completion_tokens,
+        "totalTokenCount": counts.total_tokens,
     }
 
 
 def reply(
-    response_id: str, model: str, text: str, done: PrefillDone, finished: Finished | None
+    response_id: str, model: str, text: str, counts: Usage, finished: Finished | None
 ) -> dict[str, Any]:
-    """A ``GenerateContentResponse`` with one candidate (a stream's chunk: ``finished`` None)."""
+    """A ``GenerateContentResponse`` with one candidate (a stream's chunk: ``finished`` None;
+    ``counts`` the usage so far)."""
     candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
     if finished is not None:
         candidate["finishReason"] = FINISH_REASONS.get(finished.finish_reason, "OTHER")
-    tokens = finished.completion_tokens if finished is not None else 0
     return {
         "candidates": [candidate],
-        "usageMetadata": usage(done, tokens),
+        "usageMetadata": usage_metadata(counts),
         "modelVersion": model,
         "responseId": response_id,
     }
 
 
 async def prompt_messages(
-    engine: Engine, named: NamedCaches, tenant: str, model: str, body: GenerateContentRequest
-) -> list[dict[str, Any]]:
+    facts: ModelFacts, named: NamedCaches, tenant: str, model: str, body: GenerateContentRequest
+) -> list[TemplateMessage]:
     """The body's prompt as chat messages, the named cache's first.
 
     Raises:
         OpenAIError: 404 for a model not served or a cache not found; 400 for a field the
             prompt cannot be made from.
     """
-    check_model(served_model(engine).facts, model)
-    refuse_unsupported(body)
-    messages = chat_messages(body.system_instruction, body.contents)
-    if not body.contents:
-        raise OpenAIError(400, "contents: at least one content is required", param="contents")
+    check_model(facts, model)
+    messages = contents_messages(body)
     if body.cached_content is None:
         return messages
     return await service.with_cache(named, tenant, body.cached_content, model, messages, "cachedContent")
-
-
-async def _generation(
-    engine: Engine,
-    settings: Settings,
-    named: NamedCaches,
-    tenant: str,
-    model: str,
-    body: GenerateContentRequest,
-) -> GenerationRequest:
-    """The body's prompt (``prompt_messages``) as a generation request.
-
-    Raises:
-        OpenAIError: as ``prompt_messages``; 400 for a prompt or ``maxOutputTokens`` past the
-            context.
-    """
-    messages = await prompt_messages(engine, named, tenant, model, body)
-    ids = await run_in_threadpool(service.rendered, engine, messages)
-    config = body.generation_config
-    return GenerationRequest(
-        prompt_ids=tuple(ids),
-        max_tokens=completion_budget(
-            served_model(engine).facts, settings, len(ids), config.max_output_tokens, "contents"
-        ),
-        sampling=SamplingParams(
-            temperature=1.0 if config.temperature is None else config.temperature,
-            top_p=1.0 if config.top_p is None else config.top_p,
-            seed=config.seed,
-            presence_penalty=config.presence_penalty or 0.0,
-            frequency_penalty=config.frequency_penalty or 0.0,
-        ),
-        stop=tuple(config.stop_sequences or ()),
-        tenant=tenant,
-    )
 
 
 @router.post("/v1beta/models/{model}:generateContent")
@@ -128,22 +100,24 @@ async def generate(
     """The answer whole, or (``:streamGenerateContent``) as server-sent events, one
     ``GenerateContentResponse`` each (the SDK asks ``alt=sse``)."""
     name, response_id = model_name(model), new_id("gen")
-    generation = await _generation(engine, settings, named, tenant, name, body)
-    started = await start(request, engine, *served_model(engine), generation)
+    tokenizer, facts = served_model(engine)
+    messages = await prompt_messages(facts, named, tenant, name, body)
+    turn = gemini_turn(body, name, tenant, messages)
+    begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
     if request.url.path.endswith(":streamGenerateContent"):
-        return event_stream(started, _chunks(started, response_id, name))
-    result = await complete(started, request)
-    return json_response(started, reply(response_id, name, result.text, started.done, result.finished))
+        return event_stream(begun.started, _chunks(begun, response_id, name))
+    answer = await finish_turn(begun, request)
+    return json_response(begun.started, reply(response_id, name, answer.raw, answer.usage, answer.finished))
 
 
-async def _chunks(started: Started, response_id: str, model: str) -> AsyncIterator[str]:
-    running, done = started.running, started.done
+async def _chunks(begun: Begun, response_id: str, model: str) -> AsyncIterator[str]:
+    running = begun.started.running
     try:
         async for event in running:
             if isinstance(event, TokenDelta) and event.text:
-                yield sse(reply(response_id, model, event.text, done, None))
+                yield sse(reply(response_id, model, event.text, begun.usage(0), None))
             elif isinstance(event, Finished):
-                yield sse(reply(response_id, model, event.text, done, event))
+                yield sse(reply(response_id, model, event.text, begun.usage(event.completion_tokens), event))
             elif isinstance(event, Failed):
                 yield sse({"error": {"code": 500, "message": "internal server error", "status": "INTERNAL"}})
     finally:

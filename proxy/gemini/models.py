@@ -12,10 +12,11 @@ from starlette.concurrency import run_in_threadpool
 from engine.worker import Engine
 from proxy.gemini.generate import NamedDep, prompt_messages
 from proxy.gemini.protocol import GenerateContentRequest, model_name
+from proxy.gemini.turns import gemini_turn
 from proxy.http.auth import Tenant, get_tenant
 from proxy.http.numbers import page_bounds
-from proxy.named import service
 from proxy.serving.facts import served_model
+from proxy.serving.prompts import render_turn
 from proxy.serving.validation import check_model
 from proxy.state import EngineDep
 
@@ -68,5 +69,8 @@ async def count_tokens(
     model: str, body: GenerateContentRequest, engine: EngineDep, named: NamedDep, tenant: Tenant
 ) -> dict[str, Any]:
     """``totalTokens``: the prompt's length, in tokens, as ``generateContent`` would render it."""
-    messages = await prompt_messages(engine, named, tenant, model_name(model), body)
-    return {"totalTokens": len(await run_in_threadpool(service.rendered, engine, messages))}
+    (tokenizer, facts), name = served_model(engine), model_name(model)
+    messages = await prompt_messages(facts, named, tenant, name, body)
+    turn = gemini_turn(body, name, tenant, messages)
+    prompt = await run_in_threadpool(render_turn, tokenizer, facts.vocab_size, turn)
+    return {"totalTokens": len(prompt.ids)}

@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from proxy.http.errors import OpenAIError
 from proxy.http.numbers import is_count
+from proxy.tools.rendering import TemplateMessage
 
 PROTO_NUMBER = re.compile(r"-?([0-9]{1,18}(\.[0-9]{0,18})?|\.[0-9]{1,18})([eE][-+]?[0-9]{1,3})?")
 """A float as protobuf's JSON may write it as text (a sign, digits, a fraction, an exponent)."""
@@ -82,7 +83,7 @@ class Content(_Body):
 
 def chat_messages(
     system: Content | None, contents: list[Content], param: str = "contents"
-) -> list[dict[str, Any]]:
+) -> list[TemplateMessage]:
     """A system instruction and contents as chat messages (``role`` ``user`` when absent).
 
     Raises:

@@ -13,7 +13,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -27,6 +26,7 @@ from proxy.named.service import chain, on_state, rendered
 from proxy.serving.facts import served_model
 from proxy.serving.running import store_prompt
 from proxy.serving.validation import check_prompt_length
+from proxy.tools.rendering import TemplateMessage
 from store.admin_interface import CacheAdmin
 from store.errors import StoreUnavailable
 from store.index.redis.connect import REDIS_ERRORS
@@ -43,7 +43,7 @@ async def create(
     named: NamedCaches,
     settings: Settings,
     tenant: str,
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     expiry: Callable[[float], float],
     display_name: str,
 ) -> NamedCache:
@@ -57,7 +57,7 @@ async def create(
             ``--max-pinned-bytes`` or the budget itself, counting the creates under way
             (``_refuse``, ``proxy.named.ledger``); 503 when Redis is unreachable.
     """
-    ids = await run_in_threadpool(rendered, engine, messages, False)
+    ids = await run_in_threadpool(rendered, engine.loaded.tokenizer, messages, False)
     if len(ids) < BLOCK_SIZE:
         raise OpenAIError(
             400,
@@ -91,7 +91,7 @@ async def _made(
     cache: CacheAdmin,
     tenant: str,
     ids: list[int],
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     expiry: Callable[[float], float],
     display_name: str,
 ) -> NamedCache:
@@ -183,7 +183,8 @@ async def set_expiry(
         OpenAIError: 503 when Redis is unreachable.
     """
     namespace, hashes = chain(record)
-    ids = await run_in_threadpool(rendered, engine, record.messages, False)  # NOTE: the ids it pinned
+    # NOTE: the ids it pinned
+    ids = await run_in_threadpool(rendered, engine.loaded.tokenizer, record.messages, False)
     pinned = await run_in_threadpool(cache.pin, namespace, ids, _ttl(expires))
     if pinned is None:
         raise OpenAIError.cache_unavailable(": the expiry was not changed")

@@ -24,12 +24,13 @@ import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import redis
 import xxhash
 
 from proxy.named.ledger import COMMIT, REPLACE, RESERVATION_TTL_S, RESERVE, Limits, Refusal, answer, refusal
+from proxy.tools.rendering import TemplateMessage
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class NamedCache:
     id: str
     model: str
     display_name: str
-    messages: list[dict[str, Any]]
+    messages: list[TemplateMessage]
     namespace: str
     block_hashes: list[str]
     tokens: int

@@ -16,11 +16,10 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
-from engine.worker import Engine
 from hashing import BlockHash, Namespace
 from proxy.http.errors import OpenAIError, on_redis
 from proxy.named.registry import NamedCache, NamedCaches
-from proxy.tools.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, TemplateMessage, render_chat
 
 T = TypeVar("T")
 
@@ -54,14 +53,15 @@ def chain(record: NamedCache) -> tuple[Namespace, list[BlockHash]]:
     ]
 
 
-def rendered(engine: Engine, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
-    """``messages`` rendered as a prompt, or (``generation_prompt`` False) as a cache's content.
+def rendered(tokenizer: Any, messages: list[TemplateMessage], generation_prompt: bool = True) -> list[int]:
+    """``messages`` rendered by ``tokenizer``'s chat template as a prompt, or
+    (``generation_prompt`` False) as a cache's content.
 
     Raises:
         OpenAIError: 400 naming the field the chat template cannot render.
     """
     try:
-        return render_chat(engine.loaded.tokenizer, messages, add_generation_prompt=generation_prompt)
+        return render_chat(tokenizer, messages, add_generation_prompt=generation_prompt)
     except RenderError as exc:
         raise OpenAIError(400, exc.message, param=exc.param) from exc
 
@@ -84,10 +84,10 @@ async def with_cache(
     tenant: str,
     name: str,
     model: str,
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     param: str,
     tools: object = None,
-) -> list[dict[str, Any]]:
+) -> list[TemplateMessage]:
     """The cache ``name``'s messages, then ``messages`` (a request's, naming it in ``param``).
 
     Raises:

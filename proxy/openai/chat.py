@@ -12,8 +12,8 @@ from engine.requests import TokenDelta
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.auth import Tenant
-from proxy.named.bodies import chat_body
 from proxy.openai.logprobs import chat_logprobs
+from proxy.openai.named import chat_body
 from proxy.openai.protocol import ChatCompletionRequest, usage
 from proxy.openai.streaming import sse_stream
 from proxy.openai.tools import delta

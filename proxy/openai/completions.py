@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
-from proxy.named.bodies import refuse_cached_content
+from proxy.named.field import refuse_cached_content
 from proxy.openai.logprobs import completion_logprobs
 from proxy.openai.protocol import CompletionRequest, usage
 from proxy.openai.streaming import sse_stream

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from proxy.http.auth import get_tenant
 from proxy.http.errors import OpenAIError
-from proxy.named.bodies import refuse_cached_content
+from proxy.named.field import refuse_cached_content
 from proxy.openai.protocol import ChatMessage, _Lenient
 from proxy.openai.turns import messages_prompt_ids
 from proxy.serving.facts import served_model

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from proxy.http.errors import OpenAIError
-from proxy.openai.protocol import Count, Real
+from proxy.openai.protocol import ChatCompletionRequest, Count, Real
 from proxy.tools.limits import check_tool_count
+from proxy.tools.rendering import TemplateMessage
 
 if TYPE_CHECKING:
     from proxy.serving.turn import Usage
@@ -99,6 +100,21 @@ class ResponsesRequest(BaseModel):
         model reads its name, description and parameters; nothing else is kept)."""
         keep = ("type", "name", "description", "parameters", "strict")
         return [{k: t[k] for k in keep if k in t} if isinstance(t, dict) else t for t in self.tools or []]
+
+    def system_messages(self) -> list[TemplateMessage]:
+        """``instructions`` as the system message the chat starts with (none when empty)."""
+        return [{"role": "system", "content": self.instructions}] if self.instructions else []
+
+    def chat_request(self, messages: list[TemplateMessage]) -> ChatCompletionRequest:
+        """This request as the chat completion of ``messages`` (``system_messages``, any stored
+        conversation, then the input items as ``proxy.responses.items.chat_messages`` writes
+        them): what ``/v1/responses`` starts, and what ``kvproxy route`` renders.
+
+        Raises:
+            OpenAIError: as ``chat_fields``.
+            pydantic.ValidationError: a field the chat completion refuses.
+        """
+        return ChatCompletionRequest.model_validate({"messages": messages} | self.chat_fields())
 
     def chat_fields(self) -> dict[str, Any]:
         """The chat completion fields this request asks for, besides its messages.

@@ -20,7 +20,7 @@ from engine.requests import Finished
 from proxy.config import state_place
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
-from proxy.named.bodies import refuse_cached_content
+from proxy.named.field import refuse_cached_content
 from proxy.openai.chat import start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
@@ -111,7 +111,7 @@ async def start_response(
     named as the Responses request names its fields."""
     after = previous.continuation if previous is not None else None
     try:
-        chat = ChatCompletionRequest.model_validate({"messages": messages} | body.chat_fields())
+        chat = body.chat_request(messages)
         prompt_of = after.prompt if after is not None else None
         turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, prompt_of)
     except ValidationError as exc:
@@ -144,7 +144,7 @@ async def create(
     items = input_items(body.input)
     history = previous.conversation if previous is not None else []
     check_calls(history, items)
-    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    system = body.system_messages()
     chat, turn = await start_response(
         body, request, engine, settings, tenant, system + history + chat_messages(items), previous
     )

@@ -31,7 +31,7 @@ from hashing import (
     route_namespace,
 )
 from proxy.anthropic.protocol import MessagesRequest
-from proxy.anthropic.tools import message_tools
+from proxy.anthropic.turns import messages_turn
 from proxy.gemini.protocol import CachedContentRequest, GenerateContentRequest
 from proxy.gemini.protocol import chat_messages as gemini_messages
 from proxy.http.errors import OpenAIError
@@ -42,10 +42,10 @@ from proxy.responses.protocol import ResponsesRequest
 from proxy.router.policy import Endpoint
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages
-from proxy.tools.rendering import RenderError, render_chat
+from proxy.tools.rendering import RenderError, TemplateMessage, render_chat
 from proxy.tools.spec import ToolSet
 
-Chat = tuple[list[dict[str, Any]], ToolSet | None]
+Chat = tuple[list[TemplateMessage], ToolSet | None]
 """A chat as its template takes it: the messages, and the tools (``proxy.tools.prompt``)."""
 
 
@@ -171,15 +171,15 @@ def _chat(kind: Endpoint, body: dict[str, Any]) -> Chat | None:
             )
             return gemini_messages(gemini.system_instruction, gemini.contents), None
         if kind == "messages":
-            request = MessagesRequest.model_validate(body)
-            extra = request.model_extra or {}
-            return request.template_messages()[0], message_tools(extra.get("tools"), extra.get("tool_choice"))
+            turn = messages_turn(MessagesRequest.model_validate(body), "")
+            return turn.messages or [], turn.tools
         if kind == "responses":
             responses = ResponsesRequest.model_validate(body)
-            system = [{"role": "system", "content": responses.instructions}] if responses.instructions else []
-            messages = system + chat_messages(input_items(responses.input))
-            body = {"messages": messages} | responses.chat_fields()
-        chat = ChatCompletionRequest.model_validate(body)
+            chat = responses.chat_request(
+                responses.system_messages() + chat_messages(input_items(responses.input))
+            )
+        else:
+            chat = ChatCompletionRequest.model_validate(body)
         return chat.template_messages(), chat_tools(chat) if chat.tools else None
     except (OpenAIError, ValueError, TypeError):
         return None

@@ -1,40 +1,42 @@
-"""proxy/anthropic/caching.py: ``cache_control`` breakpoints become a TTL plan over blocks (and
-the tail stored where a breakpoint falls inside one)."""
+"""``cache_control`` breakpoints become a TTL plan over blocks (``proxy.serving.prompts.ttl_plan``:
+the cache marks of a turn, and the tail stored where a breakpoint falls inside one), and
+``usage.cache_creation`` splits what was stored by TTL (proxy/anthropic/caching.py)."""
 
 from __future__ import annotations
 
 from hashing import BLOCK_SIZE
-from proxy.anthropic.caching import breakpoint_ttls, creation
+from proxy.anthropic.caching import creation
+from proxy.serving.prompts import ttl_plan
 
 
 def test_blocks_ending_within_a_breakpoint_take_its_ttl() -> None:
     """A breakpoint at token 300 covers blocks 0 and 1 (they end at 128 and 256) and falls inside
     block 2 (its tail at 300 keeps the TTL); block 3 starts past it and takes the server's TTL,
     which is left off the end of the plan."""
-    assert breakpoint_ttls(3 * BLOCK_SIZE + 5, [(300, 3600)]) == (3600, 3600, 3600)
+    assert ttl_plan(3 * BLOCK_SIZE + 5, [(300, 3600)]) == (3600, 3600, 3600)
 
 
 def test_the_first_covering_breakpoint_wins() -> None:
     """Breakpoints in prompt order: each block takes the TTL of the first one at or after its end."""
-    plan = breakpoint_ttls(4 * BLOCK_SIZE, [(128, 3600), (400, 300), (512, 3600)])
+    plan = ttl_plan(4 * BLOCK_SIZE, [(128, 3600), (400, 300), (512, 3600)])
     assert plan == (3600, 300, 300, 3600)
 
 
 def test_no_breakpoint_gives_an_empty_plan_and_a_short_prompt_its_tails_ttl() -> None:
     """Nothing marked: every block takes the server's TTL; a breakpoint in a prompt under one
     block gives the tail stored there its TTL."""
-    assert breakpoint_ttls(1000, []) == ()
-    assert breakpoint_ttls(BLOCK_SIZE - 1, [(100, 3600)]) == (3600,)
+    assert ttl_plan(1000, []) == ()
+    assert ttl_plan(BLOCK_SIZE - 1, [(100, 3600)]) == (3600,)
 
 
 def test_a_block_a_breakpoint_falls_inside_takes_the_longest_ttl() -> None:
     """Block 3 holds the end of a 5-minute breakpoint and is covered by a 1-hour one: 1 hour."""
-    assert breakpoint_ttls(4 * BLOCK_SIZE, [(400, 300), (512, 3600)])[3] == 3600
+    assert ttl_plan(4 * BLOCK_SIZE, [(400, 300), (512, 3600)])[3] == 3600
 
 
 def test_a_breakpoint_exactly_at_a_block_end_covers_that_block() -> None:
     """Position 256 is the end of block 1: blocks 0 and 1 are covered, block 2 is not."""
-    assert breakpoint_ttls(3 * BLOCK_SIZE, [(256, 300)]) == (300, 300)
+    assert ttl_plan(3 * BLOCK_SIZE, [(256, 300)]) == (300, 300)
 
 
 def test_cache_creation_splits_the_stored_tokens_by_their_blocks_ttl() -> None:
