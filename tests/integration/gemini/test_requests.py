@@ -1,6 +1,6 @@
-"""Gemini's routes field by field (the lifecycle of named caches is ``test_named_caches.py``): what
-they refuse by name, the expiry a named cache gets, the block fields kvproxy adds to its usage, and
-the routes that refuse to be named a cache rather than ignore it."""
+"""Gemini's routes field by field (the lifecycle of named caches is ``named/test_caches.py``):
+what they refuse by name, the expiry a named cache gets, the block fields kvproxy adds to its usage,
+and the routes that refuse to be named a cache rather than ignore it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from hashing import BLOCK_SIZE
-from tests.integration.test_route import text
+from tests.integration.router.test_route import text
 
 DOCUMENT = text(3, 400)  # about 650 tokens of the tiny tokenizer: 5 full blocks
 

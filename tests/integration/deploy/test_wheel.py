@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import free_port, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("hashing", "store", "engine", "proxy", "bench")
 
 

@@ -20,7 +20,7 @@ from proxy.router.settings import RouteSettings
 from tests.api import Api
 from tests.helpers import ServerThread, random_tokens
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "kvproxy.json"
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 

@@ -21,7 +21,7 @@ from hashing import BLOCK_SIZE
 from tests.api import Api
 from tests.helpers import random_tokens
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", README, flags=re.M | re.S)
 QUICKSTART = "http://127.0.0.1:8000"  # the server the snippets talk to, as after the quickstart
@@ -38,9 +38,9 @@ RUN = {  # a string only that block holds -> the test below that runs it
     "kvproxy cache export": "test_snapshot_snippet_moves_the_cache",
 }
 EXEMPT = {  # blocks that install or start servers -> what runs them instead
-    "&& kvproxy serve": "tests/integration/test_wheel.py",  # installs the wheel, serves a chat
+    "&& kvproxy serve": "tests/integration/deploy/test_wheel.py",  # installs the wheel, serves a chat
     "&& pytest": ".ci/run",  # the README's test command (tests/unit/deploy/test_readme.py)
-    "kvproxy route --upstream": "tests/integration/test_route.py",
+    "kvproxy route --upstream": "tests/integration/router/test_route.py",
 }
 CLIENTS = {"openai": "openai", "anthropic": "anthropic", "google": "google-genai"}
 

@@ -9,7 +9,7 @@ import httpx
 from hashing import BLOCK_SIZE
 from tests.api import Api
 from tests.helpers import as_version_1, random_tokens
-from tests.integration.test_audit import audited
+from tests.integration.engine.test_audit import audited
 
 
 def test_a_store_written_before_block_formats_is_still_served(settings, tiny_model, serve, cold) -> None:

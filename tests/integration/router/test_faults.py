@@ -160,7 +160,7 @@ def test_redis_down_routes_on_local_counts(key_prefix) -> None:
 
 def test_dashboard_shows_predicted_and_reported_hit_rates(key_prefix) -> None:
     """The router's page, in headless Chromium, shows each replica's figures as /stats has them."""
-    from tests.integration.test_dashboard import chromium
+    from tests.integration.observe.test_dashboard import chromium
 
     with routed(key_prefix) as (router, _):
         for _ in range(3):
