@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.integration.router.test_route import text
+from tests.replicas import text
 
 QUESTION = "Tell me about the prefix cache. " + text(5, 120)  # about 200 tokens: one full block
 PREFILL = "The prefix cache is"

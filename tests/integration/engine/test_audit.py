@@ -13,16 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.model.loading import load_model
 from hashing import BLOCK_SIZE, block_hashes, tail_hash
-from tests.api import Api
-from tests.helpers import build_tiny_model, random_tokens, wait_for
-
-
-def audited(server, key: str | None = None) -> dict:
-    """The audit's figures (as ``key`` sees them) once every sampled hit has been audited."""
-    engine = server.app.state.engine
-    wait_for(lambda: not engine.audits_pending and engine.idle, what="the audit to catch up")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.get(f"{server.base_url}/stats", headers=headers, timeout=60).json()["audit"]
+from tests.api import Api, audited
+from tests.helpers import build_tiny_model, random_tokens
 
 
 def metric(server, name: str) -> float:

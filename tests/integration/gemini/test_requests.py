@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from hashing import BLOCK_SIZE
-from tests.integration.router.test_route import text
+from tests.replicas import text
 
 DOCUMENT = text(3, 400)  # about 650 tokens of the tiny tokenizer: 5 full blocks
 

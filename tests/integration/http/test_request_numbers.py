@@ -14,7 +14,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from tests.integration.router.test_route import cluster, text
+from tests.replicas import cluster, text
 
 NOT_NUMBERS = ["²", "١٢", "1" * 5000, "-1", " 1", "1_0", "+1", "1.0"]
 """Superscript, Arabic-Indic digits, past int's digit limit, then a sign, a space, a separator."""

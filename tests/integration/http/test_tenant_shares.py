@@ -22,7 +22,7 @@ from proxy.router.settings import RouteSettings
 from tests.conftest import shared_redis_url
 from tests.fake_upstream import fake_upstream
 from tests.helpers import ServerThread
-from tests.integration.router.test_route import text
+from tests.replicas import text
 
 KEYS = "key-a=alice,key-b=bob"
 GREEDY = {"model": "tiny", "temperature": 0, "max_output_tokens": 4}

@@ -18,7 +18,7 @@ from google.genai import types
 
 from hashing import BLOCK_SIZE
 from tests.helpers import HANG_S, wait_for
-from tests.integration.router.test_route import text
+from tests.replicas import text
 
 KEYS = "alice-key=alice,bob-key=bob"
 DOCUMENT = text(7, 1250)  # about 2,000 tokens of the tiny tokenizer

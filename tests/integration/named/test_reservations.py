@@ -13,7 +13,7 @@ import pytest
 
 from proxy.named.ledger import Limits, Refusal
 from proxy.named.registry import MemoryNamedCaches, NamedCache, RedisNamedCaches, tenant_digest
-from tests.integration.router.test_route import text
+from tests.replicas import text
 
 KEYS = "key-a=alice,key-b=bob,key-c=carol"
 

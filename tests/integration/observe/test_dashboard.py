@@ -5,41 +5,18 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import shutil
-import subprocess
 from typing import Any
 
 import httpx
-import pytest
 
 from proxy.observe.panels import prefix_text
 from tests.api import Api
+from tests.chromium import chromium
 from tests.helpers import random_tokens
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHARTS = ("chart-hit-rate", "chart-ttft", "chart-ttft-prefix", "chart-ttft-length", "chart-usage")
 TIME_CHARTS = ("chart-hit-rate", "chart-ttft", "chart-usage")
-
-
-def chromium(*args: str, timeout: float = 120) -> str:
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs Chromium for the dashboard test: apt-get install chromium")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--virtual-time-budget=5000",
-    ]
-    return subprocess.run(
-        [CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=timeout, check=True
-    ).stdout
 
 
 def shown(dom: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from openai import OpenAI
 from engine.model.loading import load_model
 from tests.api import Api
 from tests.helpers import build_tiny_model
-from tests.integration.router.test_route import text
+from tests.replicas import text
 
 DEFAULT_SYSTEM = "You are a helpful assistant named Tiny, trained on a few words"
 TEMPLATE = (

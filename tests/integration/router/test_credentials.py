@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from proxy.router.settings import RouteSettings
 from tests.helpers import wait_for
-from tests.integration.router.test_faults import routed
+from tests.replicas import routed
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 MESSAGES = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

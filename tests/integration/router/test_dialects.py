@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.router.test_route import cluster
+from tests.replicas import cluster
 
 DOCUMENT = inspect.getdoc(argparse)[:2500]
 QUESTIONS = ("what is the story about", "and then what", "where did it go", "how does it end")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import httpx
 import openai
@@ -14,29 +14,11 @@ import pytest
 
 from proxy.router.app import create_route_app
 from proxy.router.settings import RouteSettings
-from tests.conftest import shared_redis_url
-from tests.fake_upstream import fake_upstream
+from tests.chromium import chromium
 from tests.helpers import ServerThread, free_port
+from tests.replicas import routed
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-@contextmanager
-def routed(key_prefix: str, names=("a", "b"), extra_urls=(), **options):
-    """Fake upstreams ``names`` (plus ``extra_urls``) behind a router; yields (router, upstreams)."""
-    with ExitStack() as stack:
-        upstreams = {n: stack.enter_context(ServerThread(fake_upstream(n))) for n in names}
-        urls = [f"{u.base_url}/v1" for u in upstreams.values()] + list(extra_urls)
-        settings = RouteSettings(
-            upstream=",".join(urls),
-            redis_url=shared_redis_url(),
-            key_prefix=key_prefix,
-            health_interval=0.2,
-            replica_cooldown=2.0,
-            **({"first_byte_timeout": 1.0} | options),
-        )
-        router = stack.enter_context(ServerThread(create_route_app(settings)))
-        yield router, upstreams
 
 
 def post(router, body, path="/v1/chat/completions", **kw) -> httpx.Response:
@@ -160,8 +142,6 @@ def test_redis_down_routes_on_local_counts(key_prefix) -> None:
 
 def test_dashboard_shows_predicted_and_reported_hit_rates(key_prefix) -> None:
     """The router's page, in headless Chromium, shows each replica's figures as /stats has them."""
-    from tests.integration.observe.test_dashboard import chromium
-
     with routed(key_prefix) as (router, _):
         for _ in range(3):
             post(router, CHAT)

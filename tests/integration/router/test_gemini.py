@@ -14,7 +14,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from hashing import BLOCK_SIZE
-from tests.integration.router.test_route import cluster, text
+from tests.replicas import cluster, text
 
 KEYS = "alice-key=alice,bob-key=bob"
 DOCUMENT = text(7, 1250)  # about 2,000 tokens of the tiny tokenizer

@@ -18,7 +18,7 @@ from proxy.router.app import create_route_app
 from proxy.router.identity import Identity
 from proxy.router.settings import RouteSettings
 from tests.helpers import ServerThread, wait_for
-from tests.integration.router.test_route import replica_app, wait_until_all_up
+from tests.replicas import replica_app, wait_until_all_up
 
 KEYS = "ka=alice,kb=bob"
 NAMES = ("alpha", "beta")

@@ -7,9 +7,8 @@ from __future__ import annotations
 import httpx
 
 from hashing import BLOCK_SIZE
-from tests.api import Api
+from tests.api import Api, audited
 from tests.helpers import as_version_1, random_tokens
-from tests.integration.engine.test_audit import audited
 
 
 def test_a_store_written_before_block_formats_is_still_served(settings, tiny_model, serve, cold) -> None:
