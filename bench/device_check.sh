@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-python3 -m pytest -q -p no:cacheprovider -m cuda tests/integration/test_cuda.py
+python3 -m pytest -q -p no:cacheprovider -m cuda tests/integration/engine/test_cuda.py
 
 # Speed depends on shapes, not weights: the default model's shape (SmolLM2-135M) on a GPU, a
 # tiny one for the dry run.

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import HANG_S, ServerThread
+from tests.helpers import HANG_S, ServerThread, wait_for
 
 
 @dataclass
@@ -91,3 +91,11 @@ def _result(status: int, choices: list[dict[str, Any]], usage: dict[str, Any]) -
         if logprobs and logprobs["top_logprobs"] and not result.first_logprobs:
             result.first_logprobs = logprobs["top_logprobs"][0]
     return result
+
+
+def audited(server, key: str | None = None) -> dict:
+    """The audit's figures (as ``key`` sees them) once every sampled hit has been audited."""
+    engine = server.app.state.engine
+    wait_for(lambda: not engine.audits_pending and engine.idle, what="the audit to catch up")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{server.base_url}/stats", headers=headers, timeout=60).json()["audit"]

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for tests/integration/test_fuzz.py: bodies name the served model, so the
+"""Schemathesis hooks for tests/integration/http/test_fuzz.py: bodies name the served model, so the
 fuzzer reaches the engine instead of stopping at 404 model_not_found."""
 
 import schemathesis

@@ -1,7 +1,7 @@
 """The native decode step on the default model's real shapes, its work shared among the threads that
 run (``engine/kernels/team.h``, units of its default size): whatever the number of threads, the
 batch, or how busy the cores are, every logit is the same bit for bit
-(``tests/integration/test_native_team.py`` covers unit sizes and thread counts on a tiny model)."""
+(``tests/integration/engine/test_native_team.py`` covers unit sizes and thread counts on a tiny model)."""
 
 from __future__ import annotations
 
