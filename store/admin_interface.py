@@ -20,7 +20,7 @@ CacheHealth = Literal["ok", "degraded", "disabled"]
 
 @dataclass(frozen=True)
 class Pinned:
-    """What ``CacheAdmin.pin`` did (``store.index.retention.Pinning``): the chain's hashes, the
+    """What ``CacheAdmin.pin`` did (``store.index.pins.Pinning``): the chain's hashes, the
     bytes newly pinned, the bytes of its stored blocks, and how many are not stored yet."""
 
     block_hashes: list[BlockHash]
@@ -149,7 +149,7 @@ class CacheAdmin(Protocol):
         ...
 
     def pin(self, namespace: Namespace, token_ids: Sequence[int], ttl_s: int) -> Pinned | None:
-        """Pin the full blocks of ``token_ids`` (a named cache's: ``store.index.retention.Pins``),
+        """Pin the full blocks of ``token_ids`` (a named cache's: ``store.index.pins.Pins``),
         stored ones for ``ttl_s`` seconds at least, the others as they are stored."""
         ...
 

@@ -3,7 +3,7 @@ replica sees them, scoped to the tenant that created them.
 
 A record (``NamedCache``) holds the content as chat messages (rendered again by each request
 that uses it), the chain of block hashes it pins in its tenant's namespace
-(``store.index.retention.Pins``), and its expiry. The pins are released once: by whoever removes
+(``store.index.pins.Pins``), and its expiry. The pins are released once: by whoever removes
 the record (``delete`` says whether it was there), when its tenant deletes it or when it expires
 (``NamedCaches.expired``, swept by ``proxy.named.service``).
 

@@ -19,7 +19,7 @@ How a dialect fills a turn:
 - ``ttl``: a ``store.interface.TtlPlan`` (OpenAI: ``cache_ttl(settings, retention)``), and/or
   ``marks``: cache breakpoints, each at the end of a message or of the tool definitions, with a
   TTL. The core renders the chat up to each mark, and the positions become both the TTL plan
-  (``proxy.serving.marks.ttl_plan``, each TTL capped at ``--max-ttl``) and tail boundaries.
+  (``proxy.serving.prompts.ttl_plan``, each TTL capped at ``--max-ttl``) and tail boundaries.
 - ``prefill``: the text of a final assistant message that the answer continues
   (``continue_final_message``); render-ahead then sees the whole assistant turn.
 
