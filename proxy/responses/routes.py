@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.requests import Finished
 from proxy.config import state_place
 from proxy.http.auth import Tenant
-from proxy.http.errors import OpenAIError
+from proxy.http.errors import OpenAIError, on_redis
 from proxy.named.field import refuse_cached_content
 from proxy.openai.chat import start_chat
 from proxy.openai.protocol import ChatCompletionRequest
@@ -54,10 +54,9 @@ async def stored(
         OpenAIError: 404 when this tenant has no such response (another tenant's id included),
             saying so when it expired or was evicted; 503 when Redis is unreachable.
     """
-    try:
-        found = await run_in_threadpool(responses.get, tenant, response_id)
-    except REDIS_ERRORS as exc:
-        raise OpenAIError.cache_unavailable(f": stored responses cannot be read ({exc})") from None
+    found = await on_redis(
+        responses.get, tenant, response_id, detail=lambda exc: f": stored responses cannot be read ({exc})"
+    )
     code = "previous_response_not_found" if param else "response_not_found"
     if found == "gone":
         message = (
@@ -199,10 +198,9 @@ async def get(response_id: str, tenant: Tenant, responses: ResponsesDep) -> dict
 @router.delete("/v1/responses/{response_id}")
 async def delete(response_id: str, tenant: Tenant, responses: ResponsesDep) -> dict[str, Any]:
     await stored(responses, tenant, response_id, None)
-    try:
-        await run_in_threadpool(responses.delete, tenant, response_id)
-    except REDIS_ERRORS as exc:
-        raise OpenAIError.cache_unavailable(f": the response cannot be deleted ({exc})") from None
+    await on_redis(
+        responses.delete, tenant, response_id, detail=lambda exc: f": the response cannot be deleted ({exc})"
+    )
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
