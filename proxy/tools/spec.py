@@ -59,6 +59,20 @@ def json_value(text: Any) -> Any:
     return value if nested_within(value) else NOT_JSON
 
 
+class OpenAIToolFunction(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """A JSON Schema."""
+
+
+class OpenAITool(TypedDict):
+    """A function tool's definition in OpenAI's shape, as chat templates take it (``tools``)."""
+
+    type: Literal["function"]
+    function: OpenAIToolFunction
+
+
 class OpenAIFunction(TypedDict):
     name: str
     arguments: str
@@ -80,7 +94,7 @@ class Tool:
     description: str
     parameters: dict[str, Any]
 
-    def as_openai(self) -> dict[str, Any]:
+    def as_openai(self) -> OpenAITool:
         """The definition as chat templates take it (OpenAI's shape), keys sorted."""
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
         return canonical({"type": "function", "function": function})
