@@ -15,6 +15,15 @@ from proxy.http.auth import Tenant
 from proxy.openai.logprobs import chat_logprobs
 from proxy.openai.named import chat_body
 from proxy.openai.protocol import ChatCompletionRequest, usage
+from proxy.openai.replies import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    ReplyMessage,
+)
 from proxy.openai.streaming import sse_stream
 from proxy.openai.tools import delta
 from proxy.openai.turns import CHAT_PARAMS, chat_answer, chat_turn, check_body
@@ -68,23 +77,19 @@ async def chat_completions(
     completion_id, created = new_id("chatcmpl"), now()
     tokenizer = served_model(engine).tokenizer
 
-    def logprobs(tokens: list[TokenDelta]) -> dict[str, Any] | None:
+    def logprobs(tokens: list[TokenDelta]) -> ChatLogprobs | None:
         return chat_logprobs(tokenizer, tokens) if body.logprobs and tokens else None
 
-    def choice_of(
-        fields: dict[str, Any], tokens: list[TokenDelta], finish_reason: str | None
-    ) -> dict[str, Any]:
-        choice = fields | {"logprobs": logprobs(tokens), "finish_reason": finish_reason}
+    def token_ids(choice: ChatChoice | ChunkChoice, tokens: list[TokenDelta]) -> None:
         if body.return_token_ids:
             choice["token_ids"] = [t.token_id for t in tokens]
-        return {"index": 0} | choice
 
     if body.stream:
         sent_role, answer = False, plan.stream()
 
         def chunk(
             text: str | None, tokens: list[TokenDelta], finish_reason: str | None
-        ) -> dict[str, Any] | None:
+        ) -> ChatCompletionChunk | None:
             nonlocal sent_role
             if finish_reason is None:
                 pieces = answer.feed(text) if text is not None else []
@@ -96,12 +101,19 @@ async def chat_completions(
                 return None  # NOTE: held back (a call's text until it parses): nothing to say
             if not sent_role:
                 fields["role"], sent_role = "assistant", True
+            choice: ChunkChoice = {
+                "index": 0,
+                "delta": fields,
+                "logprobs": logprobs(tokens),
+                "finish_reason": finish_reason,
+            }
+            token_ids(choice, tokens)
             return {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": body.model,
-                "choices": [choice_of({"delta": fields}, tokens, finish_reason)],
+                "choices": [choice],
             }
 
         stream = sse_stream(started, chunk, body.include_usage, every_token=body.logprobs)
@@ -109,27 +121,33 @@ async def chat_completions(
 
     result = await finish_turn(begun, request)
     content, calls = result.text, result.calls
-    message: dict[str, Any] = {"role": "assistant", "content": content or None if calls else content}
+    message: ReplyMessage = {"role": "assistant", "content": content or None if calls else content}
     finish_reason: str = result.finish_reason
     if calls:
         message["tool_calls"] = [call.as_openai() for call in calls]
         finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
-    response = {
+    choice: ChatChoice = {
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs(result.tokens),
+        "finish_reason": finish_reason,
+    }
+    token_ids(choice, result.tokens)
+    counts = result.usage
+    response: ChatCompletion = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": body.model,
-        "choices": [choice_of({"message": message}, result.tokens, finish_reason)],
-        "usage": usage(
-            result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.cached_tokens
-        ),
+        "choices": [choice],
+        "usage": usage(counts.prompt_tokens, counts.completion_tokens, counts.cached_tokens),
     }
     return json_response(started, response)
 
 
-def merged(pieces: list[Piece]) -> dict[str, Any]:
+def merged(pieces: list[Piece]) -> ChunkDelta:
     """Pieces of a streamed answer as one chunk's ``delta`` (calls merged by index)."""
-    fields: dict[str, Any] = {}
+    fields: ChunkDelta = {}
     for piece in pieces:
         part = delta(piece)
         if "content" in part:

@@ -11,6 +11,7 @@ from proxy.http.auth import Tenant
 from proxy.named.field import refuse_cached_content
 from proxy.openai.logprobs import completion_logprobs
 from proxy.openai.protocol import CompletionRequest, usage
+from proxy.openai.replies import TextChoice, TextCompletion
 from proxy.openai.streaming import sse_stream
 from proxy.openai.turns import check_body, completion_turn
 from proxy.serving.facts import served_model
@@ -43,11 +44,16 @@ async def completions(
     want_logprobs = body.logprobs is not None
     returned = 0  # characters of text sent so far: where the next token's text starts
 
-    def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> dict[str, Any]:
+    def chunk(text: str | None, tokens: list[TokenDelta], finish_reason: str | None) -> TextCompletion:
         nonlocal returned
         logprobs = completion_logprobs(tokenizer, tokens, returned) if want_logprobs and tokens else None
         returned += len(text or "")
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        choice: TextChoice = {
+            "index": 0,
+            "text": text or "",
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         if body.return_token_ids:
             choice["token_ids"] = [t.token_id for t in tokens]
         return {
@@ -65,5 +71,6 @@ async def completions(
     returned = len(echoed)  # the tokens' text follows the echoed prompt
     counts = result.usage
     shaped = usage(counts.prompt_tokens, counts.completion_tokens, counts.cached_tokens)
-    response = chunk(echoed + result.raw, result.tokens, result.finish_reason) | {"usage": shaped}
+    response = chunk(echoed + result.raw, result.tokens, result.finish_reason)
+    response["usage"] = shaped
     return json_response(started, response)

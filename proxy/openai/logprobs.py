@@ -15,6 +15,7 @@ from typing import Any
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from engine.requests import TokenDelta
+from proxy.openai.replies import ChatLogprobs, CompletionLogprobs, TopLogprob
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -39,10 +40,10 @@ def token_bytes(tokenizer: Any, token_id: int) -> bytes:
     return str(tokenizer.convert_tokens_to_string([token])).encode()
 
 
-def chat_logprobs(tokenizer: Any, tokens: Sequence[TokenDelta]) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Any, tokens: Sequence[TokenDelta]) -> ChatLogprobs:
     """Chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
 
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> TopLogprob:
         return {
             "token": tokenizer.decode([token_id]),
             "logprob": logprob,
@@ -51,13 +52,13 @@ def chat_logprobs(tokenizer: Any, tokens: Sequence[TokenDelta]) -> dict[str, Any
 
     return {
         "content": [
-            entry(t.token_id, t.logprob) | {"top_logprobs": [entry(i, lp) for i, lp in t.top_logprobs]}
+            {**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top_logprobs]}
             for t in tokens
         ]
     }
 
 
-def completion_logprobs(tokenizer: Any, tokens: Sequence[TokenDelta], offset: int) -> dict[str, Any]:
+def completion_logprobs(tokenizer: Any, tokens: Sequence[TokenDelta], offset: int) -> CompletionLogprobs:
     """Legacy completions ``logprobs`` for ``tokens``, the first of which starts at character
     ``offset`` of the returned text.
 

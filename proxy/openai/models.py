@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from proxy.http.auth import get_tenant
+from proxy.openai.replies import ModelCard
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.validation import check_model
 from proxy.state import EngineDep
@@ -14,7 +15,7 @@ from proxy.state import EngineDep
 router = APIRouter(dependencies=[Depends(get_tenant)])
 
 
-def describe(facts: ModelFacts, name: str) -> dict[str, Any]:
+def describe(facts: ModelFacts, name: str) -> ModelCard:
     """OpenAI's model object, with vLLM's ``max_model_len`` and ``root``."""
     return {
         "id": name,
@@ -36,4 +37,4 @@ async def list_models(engine: EngineDep) -> dict[str, Any]:
 async def retrieve_model(model_id: str, engine: EngineDep) -> dict[str, Any]:
     facts = served_model(engine).facts
     check_model(facts, model_id)
-    return describe(facts, model_id)
+    return dict(describe(facts, model_id))

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from proxy.openai.replies import CompletionUsage
 from proxy.tools.rendering import TemplateMessage
 
 # NOTE: strict numbers and booleans: "5" is not a max_tokens and "yes" is not a stream.
@@ -171,7 +172,7 @@ class CompletionRequest(SamplingFields):
         return None
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> CompletionUsage:
     """OpenAI usage with ``prompt_tokens_details.cached_tokens`` (0 on a miss, never null)."""
     return {
         "prompt_tokens": prompt_tokens,

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.openai.protocol import usage
+from proxy.openai.replies import Chunk
 from proxy.serving.running import Started
 from proxy.serving.streaming import sse
 
-ChunkBuilder = Callable[[str | None, list[TokenDelta], str | None], dict[str, Any] | None]
+ChunkBuilder = Callable[[str | None, list[TokenDelta], str | None], Chunk | None]
 """Builds one response chunk from (text delta or None, the tokens it carries, finish_reason);
 None for a token's text that says nothing yet (a tool call's text held back until it parses)."""
 
@@ -47,7 +47,8 @@ async def sse_stream(
                     yield sse(said)
                 yield sse(_said(chunk(None, [], event.finish_reason)))
                 if include_usage:
-                    last = _said(chunk(None, [], None)) | {"choices": []}
+                    last = _said(chunk(None, [], None))
+                    last["choices"] = []
                     counts = started.usage(event.completion_tokens)
                     last["usage"] = usage(
                         counts.prompt_tokens, counts.completion_tokens, counts.cached_tokens
@@ -66,6 +67,6 @@ async def sse_stream(
     yield "data: [DONE]\n\n"
 
 
-def _said(chunk: dict[str, Any] | None) -> dict[str, Any]:
+def _said(chunk: Chunk | None) -> Chunk:
     assert chunk is not None  # NOTE: builders say something for every chunk but a token's text
     return chunk

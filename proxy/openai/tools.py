@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
+from proxy.openai.replies import CallDelta, ChunkDelta
 from proxy.tools import grammars
 from proxy.tools.limits import MAX_SCHEMA_DEPTH, SchemaBudget, check_tool_count
 from proxy.tools.spec import (
@@ -143,10 +144,10 @@ def answer_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
     return grammars.closed(schema) if spec.get("strict") else schema
 
 
-def delta(piece: Piece) -> dict[str, Any]:
+def delta(piece: Piece) -> ChunkDelta:
     """One streamed piece of an answer as a chunk's ``delta``."""
     if isinstance(piece, CallStart):
-        call = {
+        call: CallDelta = {
             "index": piece.index,
             "id": piece.id,
             "type": "function",

@@ -19,11 +19,12 @@ from typing import Any
 
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.responses.items import call_item, message_item, text_part
+from proxy.responses.replies import ItemPlace, OutputItem, ResponseError, ResponseObject
 from proxy.serving.running import Started
 from proxy.tools.answer import AnswerPlan
 from proxy.tools.spec import Arguments, CallStart, Piece, Text, call_id
 
-Finish = Callable[[list[dict[str, Any]], Finished, list[int], str], Awaitable[dict[str, Any]]]
+Finish = Callable[[list[OutputItem], Finished, list[int], str], Awaitable[ResponseObject]]
 """Completes the response from its output items, the ``Finished`` event, the generated token ids
 and their text (and stores it); returns the response object."""
 
@@ -33,8 +34,8 @@ class ResponseEvents:
 
     def __init__(self) -> None:
         self.sequence = 0
-        self.output: list[dict[str, Any]] = []
-        self._open: dict[str, Any] | None = None
+        self.output: list[OutputItem] = []
+        self._open: OutputItem | None = None
 
     def event(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self.sequence} | fields
@@ -47,11 +48,13 @@ class ResponseEvents:
             if isinstance(piece, Text) and piece.text:
                 if self._open is None or self._open["type"] != "message":
                     out += self._close() + self._add(message_item(call_id("msg_"), None))
-                self._open["content"][0]["text"] += piece.text  # type: ignore[index]
+                assert self._open is not None and self._open["type"] == "message"
+                self._open["content"][0]["text"] += piece.text
                 out.append(self._delta("response.output_text.delta", piece.text))
             elif isinstance(piece, CallStart):
                 out += self._close() + self._add(call_item(call_id("fc_"), piece.id, piece.name, "", False))
             elif isinstance(piece, Arguments) and self._open is not None:
+                assert self._open["type"] == "function_call"  # NOTE: a call's arguments follow its start
                 self._open["arguments"] += piece.text
                 out.append(self._delta("response.function_call_arguments.delta", piece.text))
         return out
@@ -61,7 +64,7 @@ class ResponseEvents:
         opened = [] if self.output else self._add(message_item(call_id("msg_"), None))
         return opened + self._close(complete)
 
-    def _add(self, item: dict[str, Any]) -> list[str]:
+    def _add(self, item: OutputItem) -> list[str]:
         """Open ``item``: its ``output_item.added`` event (and a message's ``content_part.added``)."""
         self.output.append(item)
         self._open = item
@@ -75,7 +78,7 @@ class ResponseEvents:
         assert self._open is not None
         return self.event("response.output_item.added", output_index=len(self.output) - 1, item=self._open)
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> ItemPlace:
         assert self._open is not None
         return {"item_id": self._open["id"], "output_index": len(self.output) - 1}
 
@@ -112,7 +115,7 @@ class ResponseEvents:
 
 
 async def events(
-    started: Started, plan: AnswerPlan, response: dict[str, Any], finish: Finish
+    started: Started, plan: AnswerPlan, response: ResponseObject, finish: Finish
 ) -> AsyncIterator[str]:
     """The response's events; ``finish`` completes (and stores) it at the end. A client that
     goes away cancels the generation, and nothing is stored."""
@@ -135,7 +138,7 @@ async def events(
                 kind = "response.completed" if complete else "response.incomplete"
                 yield writer.event(kind, response=done)
             elif isinstance(event, Failed):
-                error = {"code": "server_error", "message": "internal server error"}
+                error: ResponseError = {"code": "server_error", "message": "internal server error"}
                 failed = response | {"status": "failed", "error": error}
                 yield writer.event("response.failed", response=failed)
     finally:

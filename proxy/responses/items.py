@@ -11,17 +11,29 @@ Responses (input items; output).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.http.errors import OpenAIError
+from proxy.responses.replies import (
+    FunctionCall,
+    InputItem,
+    Item,
+    ItemText,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    Status,
+)
 from proxy.tools.limits import MAX_SCHEMA_DEPTH
-from proxy.tools.spec import NOT_JSON, ToolCall, call_id, json_value
+from proxy.tools.rendering import TemplateMessage
+from proxy.tools.spec import NOT_JSON, OpenAICall, OpenAIFunction, ToolCall, call_id, json_value
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
-def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
     """``input`` as items, each with a ``type`` and an ``id`` (a string is one user message).
 
     Raises:
@@ -34,7 +46,7 @@ def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_item(item, i) for i, item in enumerate(value)]
 
 
-def _item(item: object, i: int) -> dict[str, Any]:
+def _item(item: object, i: int) -> InputItem:
     if not isinstance(item, dict):
         raise OpenAIError(400, "an input item is an object", param=f"input[{i}]")
     kind = item.get("type", "message")
@@ -42,7 +54,9 @@ def _item(item: object, i: int) -> dict[str, Any]:
         if item.get("role") not in ROLES:
             raise OpenAIError(400, f"a message's role is one of {', '.join(ROLES)}", param=f"input[{i}].role")
         part_type = "output_text" if item["role"] == "assistant" else "input_text"
-        parts = [{"type": part_type, "text": _text(item.get("content"), f"input[{i}].content")}]
+        parts: list[ItemText] = [
+            {"type": part_type, "text": _text(item.get("content"), f"input[{i}].content")}
+        ]
         return {
             "id": item.get("id") or call_id("msg_"),
             "type": "message",
@@ -53,8 +67,14 @@ def _item(item: object, i: int) -> dict[str, Any]:
         for field in ("call_id", "name", "arguments"):
             if not isinstance(item.get(field), str):
                 raise OpenAIError(400, f"a function_call has a string `{field}`", param=f"input[{i}].{field}")
-        call = {k: item[k] for k in ("call_id", "name", "arguments")}
-        return {"id": item.get("id") or call_id("fc_"), "type": kind, "status": "completed"} | call
+        return {
+            "id": item.get("id") or call_id("fc_"),
+            "type": "function_call",
+            "status": "completed",
+            "call_id": item["call_id"],
+            "name": item["name"],
+            "arguments": item["arguments"],
+        }
     if kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise OpenAIError(
@@ -94,7 +114,7 @@ def _text(content: object, param: str) -> str:
     return "".join(texts)
 
 
-def check_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
+def check_calls(history: list[TemplateMessage], items: list[InputItem]) -> None:
     """Each ``function_call_output`` answers a call made before it (in the stored history or
     an earlier item), and each ``function_call``'s arguments are JSON.
 
@@ -113,17 +133,17 @@ def check_calls(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> N
             raise OpenAIError(400, reason, param=f"input[{i}].call_id")
 
 
-def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items (as ``input_items`` writes them) as chat messages, in order."""
-    messages: list[dict[str, Any]] = []
+def chat_messages(items: Sequence[Item]) -> list[TemplateMessage]:
+    """Items (as ``input_items`` and ``output_items`` write them) as chat messages, in order."""
+    messages: list[TemplateMessage] = []
     for item in items:
         last = messages[-1] if messages else None
         if item["type"] == "message":
             text = item["content"][0]["text"]
             messages.append({"role": item["role"], "content": text})
         elif item["type"] == "function_call":
-            call = {"id": item["call_id"], "type": "function"}
-            call["function"] = {"name": item["name"], "arguments": item["arguments"]}
+            function: OpenAIFunction = {"name": item["name"], "arguments": item["arguments"]}
+            call: OpenAICall = {"id": item["call_id"], "type": "function", "function": function}
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": None}
                 messages.append(last)
@@ -136,26 +156,26 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-def output_items(text: str, calls: list[ToolCall], complete: bool) -> list[dict[str, Any]]:
+def output_items(text: str, calls: list[ToolCall], complete: bool) -> list[OutputItem]:
     """An answer's output: a message with its text (when it has text, or no calls), then one
     ``function_call`` item per call."""
-    items = [message_item(call_id("msg_"), text, complete)] if text or not calls else []
+    items: list[OutputItem] = [message_item(call_id("msg_"), text, complete)] if text or not calls else []
     return items + [call_item(call_id("fc_"), call.id, call.name, call.arguments) for call in calls]
 
 
-def message_item(item_id: str, text: str | None, complete: bool = True) -> dict[str, Any]:
+def message_item(item_id: str, text: str | None, complete: bool = True) -> OutputMessage:
     """An output message (``text`` None: just opened, no content part yet)."""
     content = [] if text is None else [text_part(text)]
-    status = "in_progress" if text is None else "completed" if complete else "incomplete"
+    status: Status = "in_progress" if text is None else "completed" if complete else "incomplete"
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def text_part(text: str) -> dict[str, Any]:
+def text_part(text: str) -> OutputText:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, done: bool = True) -> dict[str, Any]:
-    status = "completed" if done else "in_progress"
+def call_item(item_id: str, call_id: str, name: str, arguments: str, done: bool = True) -> FunctionCall:
+    status: Status = "completed" if done else "in_progress"
     return {
         "id": item_id,
         "type": "function_call",

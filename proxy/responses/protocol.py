@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, Count, Real
+from proxy.responses.replies import ResponseUsage
 from proxy.tools.limits import check_tool_count
 from proxy.tools.rendering import TemplateMessage
 
@@ -210,7 +211,7 @@ def responses_param(param: str | None) -> str | None:
     return param.replace(".function.", ".", 1) if param.startswith("tools[") else param
 
 
-def usage(counts: Usage) -> dict[str, Any]:
+def usage(counts: Usage) -> ResponseUsage:
     """Responses usage: ``input_tokens_details.cached_tokens`` served from the cache,
     ``cache_write_tokens`` newly stored (``proxy.serving.running.written_tokens``)."""
     return {

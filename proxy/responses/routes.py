@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.requests import Finished
 from proxy.config import state_place
 from proxy.http.auth import Tenant
-from proxy.http.errors import OpenAIError
+from proxy.http.errors import OpenAIError, on_redis
 from proxy.named.field import refuse_cached_content
 from proxy.openai.chat import start_chat
 from proxy.openai.protocol import ChatCompletionRequest
@@ -27,12 +27,14 @@ from proxy.responses.continuation import continuation
 from proxy.responses.events import events
 from proxy.responses.items import chat_messages, check_calls, input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
+from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.serving.turn import Params
 from proxy.state import EngineDep, SettingsDep
+from proxy.tools.rendering import TemplateMessage
 from store.index.redis.connect import REDIS_ERRORS
 from store.index.redis.faults import redis_fault
 
@@ -52,10 +54,9 @@ async def stored(
         OpenAIError: 404 when this tenant has no such response (another tenant's id included),
             saying so when it expired or was evicted; 503 when Redis is unreachable.
     """
-    try:
-        found = await run_in_threadpool(responses.get, tenant, response_id)
-    except REDIS_ERRORS as exc:
-        raise OpenAIError.cache_unavailable(f": stored responses cannot be read ({exc})") from None
+    found = await on_redis(
+        responses.get, tenant, response_id, detail=lambda exc: f": stored responses cannot be read ({exc})"
+    )
     code = "previous_response_not_found" if param else "response_not_found"
     if found == "gone":
         message = (
@@ -68,7 +69,7 @@ async def stored(
     return found
 
 
-def skeleton(response_id: str, body: ResponsesRequest) -> dict[str, Any]:
+def skeleton(response_id: str, body: ResponsesRequest) -> ResponseObject:
     """The response object before its output: ``status`` in progress."""
     text = body.text if body.text and body.text.get("format") else {"format": {"type": "text"}}
     return {
@@ -104,7 +105,7 @@ async def start_response(
     engine: EngineDep,
     settings: SettingsDep,
     tenant: str,
-    messages: list[dict[str, Any]],
+    messages: list[TemplateMessage],
     previous: StoredResponse | None,
 ) -> tuple[ChatCompletionRequest, Begun]:
     """Start the chat completion of ``messages`` (continuing ``previous``'s stored ids), errors
@@ -151,18 +152,16 @@ async def create(
     response, served = skeleton(new_id("resp", "_"), body), served_model(engine)
 
     async def finish(
-        output: list[dict[str, Any]], finished: Finished, generated: list[int], text: str
-    ) -> dict[str, Any]:
+        output: list[OutputItem], finished: Finished, generated: list[int], text: str
+    ) -> ResponseObject:
         whole = finished.finish_reason != "length"
-        response.update(
-            status="completed" if whole else "incomplete",
-            incomplete_details=None if whole else {"reason": "max_output_tokens"},
-            output=output,
-            completed_at=now(),
-            usage=usage(turn.started.usage(finished.completion_tokens)),
-        )
+        response["status"] = "completed" if whole else "incomplete"
+        response["incomplete_details"] = None if whole else {"reason": "max_output_tokens"}
+        response["output"] = output
+        response["completed_at"] = now()
+        response["usage"] = usage(turn.started.usage(finished.completion_tokens))
         if body.store:
-            conversation = history + chat_messages(items + output)
+            conversation = history + chat_messages([*items, *output])
             after = await run_in_threadpool(
                 continuation,
                 served.tokenizer,
@@ -184,7 +183,7 @@ async def create(
         return response
 
     if body.stream:
-        return event_stream(turn.started, events(turn.started, turn.plan, dict(response), finish))
+        return event_stream(turn.started, events(turn.started, turn.plan, response.copy(), finish))
     result = await finish_turn(turn, request)
     output = output_items(result.text, result.calls, result.finish_reason != "length")
     generated = [t.token_id for t in result.tokens]
@@ -193,16 +192,15 @@ async def create(
 
 @router.get("/v1/responses/{response_id}")
 async def get(response_id: str, tenant: Tenant, responses: ResponsesDep) -> dict[str, Any]:
-    return (await stored(responses, tenant, response_id, None)).response
+    return dict((await stored(responses, tenant, response_id, None)).response)
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete(response_id: str, tenant: Tenant, responses: ResponsesDep) -> dict[str, Any]:
     await stored(responses, tenant, response_id, None)
-    try:
-        await run_in_threadpool(responses.delete, tenant, response_id)
-    except REDIS_ERRORS as exc:
-        raise OpenAIError.cache_unavailable(f": the response cannot be deleted ({exc})") from None
+    await on_redis(
+        responses.delete, tenant, response_id, detail=lambda exc: f": the response cannot be deleted ({exc})"
+    )
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 

@@ -35,14 +35,16 @@ import struct
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 import redis
 import xxhash
 from fastapi import Depends, Request
 
 from proxy.responses.continuation import Continuation
+from proxy.responses.replies import InputItem, ResponseObject
 from proxy.responses.scripts import DELETE, PUT
+from proxy.tools.rendering import TemplateMessage
 
 SEEN_EXTRA_S = 7 * 86_400
 """How much longer than a response its "seen" marker lives."""
@@ -59,9 +61,9 @@ class StoredResponse:
         continuation: where a continuation starts (None: where it could not be rendered).
     """
 
-    response: dict[str, Any]
-    input_items: list[dict[str, Any]]
-    conversation: list[dict[str, Any]]
+    response: ResponseObject
+    input_items: list[InputItem]
+    conversation: list[TemplateMessage]
     continuation: Continuation | None
 
     def dumps(self) -> str:

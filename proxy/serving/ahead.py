@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.tools.rendering import RenderError, TemplateMessage, render_chat
+from proxy.tools.spec import OpenAITool
 
 _PROBES = ("x", "7 " + "\n")
 """Two next messages that share no first character (letters, digits, spaces, newlines)."""
@@ -28,7 +29,7 @@ def next_turn_start(
     messages: Sequence[TemplateMessage],
     answer: str,
     template_kwargs: dict[str, Any] | None = None,
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[OpenAITool] | None = None,
 ) -> list[int]:
     """The token ids every next prompt of this chat starts with, once ``answer`` is the
     assistant's message after ``messages`` (empty when the template cannot render it)."""
@@ -54,7 +55,7 @@ def system_boundary(
     messages: Sequence[TemplateMessage],
     prompt_ids: Sequence[int],
     template_kwargs: dict[str, Any] | None = None,
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[OpenAITool] | None = None,
 ) -> tuple[int, ...]:
     """The prompt position (tokens) where the leading system messages end, when the template
     renders them alone as the start of ``prompt_ids``; else none."""

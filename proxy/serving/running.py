@@ -27,9 +27,11 @@ from engine.worker import Engine
 from hashing import BLOCK_SIZE, num_full_blocks
 from proxy.http.auth import reads_own_text
 from proxy.http.errors import OpenAIError
+from proxy.observe.deps import get_metrics
 from proxy.serving.explain import EXPLAIN_HEADER, Explanation, cache_headers, explain
 from proxy.serving.facts import ModelFacts
 from proxy.serving.turn import Usage
+from proxy.state import get_cache, get_settings
 
 DISCONNECT_POLL_S = 0.2
 FLUSH_TIMEOUT_S = 30.0
@@ -164,13 +166,13 @@ async def start(
         raise event.error
     if not isinstance(event, PrefillDone):  # cancelled before its prompt was computed
         raise OpenAIError(499, "the client closed the request", code="client_closed_request")
-    app = request.app.state
+    metrics, cache = get_metrics(request), get_cache(request)
     namespace = facts.namespace(generation.tenant)
     arrived = request.scope["state"]["started"]
-    ttft = app.metrics.observe(namespace.hex(), event, arrived)
+    ttft = metrics.observe(namespace.hex(), event, arrived)
 
     def finished(event: Finished) -> None:
-        app.metrics.finished(event, arrived, ttft)
+        metrics.finished(event, arrived, ttft)
         if ahead is not None and event.finish_reason != "cancelled":
             ahead(running.text)
 
@@ -181,14 +183,14 @@ async def start(
         explanation = await explain(
             tokenizer,
             facts,
-            app.cache,
+            cache,
             generation.tenant,
             generation.prompt_ids,
             event,
             reads_own_text(request),
             tools,
         )
-    written = written_tokens(event, app.cache is not None, not app.settings.no_tails)
+    written = written_tokens(event, cache is not None, not get_settings(request).no_tails)
     return Started(running, event, cache_headers(event), explanation, written)
 
 

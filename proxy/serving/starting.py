@@ -29,7 +29,7 @@ from proxy.serving.validation import check_model, completion_budget, token_bias
 from proxy.tools.answer import AnswerPlan, plan_answer
 from proxy.tools.prompt import tools_span
 from proxy.tools.rendering import TemplateMessage
-from proxy.tools.spec import ToolCall
+from proxy.tools.spec import OpenAITool, ToolCall
 from store.interface import TtlPlan
 
 
@@ -180,7 +180,7 @@ def render_ahead(
     messages: Sequence[TemplateMessage],
     generation: GenerationRequest,
     data: dict[str, Any] | None = None,
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[OpenAITool] | None = None,
 ) -> Callable[[str], object] | None:
     """What ``proxy.serving.running.start`` calls with a chat turn's answer: the next turn's
     start, rendered on a worker thread, handed to the engine (``Engine.render_ahead``) with the

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from proxy.tools.rendering import TemplateMessage
-from proxy.tools.spec import ToolSet
+from proxy.tools.spec import OpenAITool, ToolSet
 
 if TYPE_CHECKING:
     from store.interface import TtlPlan
@@ -133,7 +133,7 @@ class Rendered:
     ids: list[int]
     rendered: list[int]
     messages: list[TemplateMessage] = field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[OpenAITool] | None = None
     data: dict[str, Any] | None = None
 
 

@@ -18,7 +18,16 @@ from typing import Any
 
 from proxy.tools.formats import ToolFormat
 from proxy.tools.rendering import TemplateMessage, render_chat
-from proxy.tools.spec import EMPTY_PARAMETERS, NOT_JSON, Tool, ToolSet, canonical, dumps, json_value
+from proxy.tools.spec import (
+    EMPTY_PARAMETERS,
+    NOT_JSON,
+    OpenAITool,
+    Tool,
+    ToolSet,
+    canonical,
+    dumps,
+    json_value,
+)
 
 GENERIC_INSTRUCTIONS = (
     "You can call tools. They are listed below, one JSON Schema function definition per line.\n"
@@ -36,7 +45,7 @@ def generic_instructions(tools: ToolSet) -> str:
 
 def tool_messages(
     messages: list[TemplateMessage], tools: ToolSet | None, fmt: ToolFormat
-) -> tuple[list[TemplateMessage], list[dict[str, Any]] | None]:
+) -> tuple[list[TemplateMessage], list[OpenAITool] | None]:
     """The messages to render and the ``tools`` argument of the template (None: none)."""
     if fmt.native:
         native = [_native_turn(m) for m in messages]

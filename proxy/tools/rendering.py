@@ -13,9 +13,12 @@ import re
 import secrets
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, TemplateError, meta
+
+if TYPE_CHECKING:
+    from proxy.tools.spec import OpenAITool
 
 # NOTE: a mark is Unicode private-use characters around a random nonce and a number: no template
 # filter (trim, upper, ...) changes it, no special token contains it, and no message can forge one
@@ -40,7 +43,7 @@ def render_chat(
     messages: Sequence[TemplateMessage],
     *,
     add_generation_prompt: bool = True,
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[OpenAITool] | None = None,
     template_kwargs: dict[str, Any] | None = None,
     continue_final_message: bool = False,
 ) -> list[int]:

@@ -12,7 +12,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from proxy.http.errors import OpenAIError
 from proxy.tools.limits import SchemaBudget, nested_within
@@ -59,6 +59,33 @@ def json_value(text: Any) -> Any:
     return value if nested_within(value) else NOT_JSON
 
 
+class OpenAIToolFunction(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """A JSON Schema."""
+
+
+class OpenAITool(TypedDict):
+    """A function tool's definition in OpenAI's shape, as chat templates take it (``tools``)."""
+
+    type: Literal["function"]
+    function: OpenAIToolFunction
+
+
+class OpenAIFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class OpenAICall(TypedDict):
+    """A call in OpenAI's shape (``tool_calls[]`` of a reply, and of a chat template's message)."""
+
+    id: str
+    type: Literal["function"]
+    function: OpenAIFunction
+
+
 @dataclass(frozen=True)
 class Tool:
     """One function tool: its name, description and JSON Schema of arguments (canonical)."""
@@ -67,7 +94,7 @@ class Tool:
     description: str
     parameters: dict[str, Any]
 
-    def as_openai(self) -> dict[str, Any]:
+    def as_openai(self) -> OpenAITool:
         """The definition as chat templates take it (OpenAI's shape), keys sorted."""
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
         return canonical({"type": "function", "function": function})
@@ -81,7 +108,8 @@ class ToolCall:
     name: str
     arguments: str
 
-    def as_openai(self) -> dict[str, Any]:
+    def as_openai(self) -> OpenAICall:
+        """The call as OpenAI's ``tool_calls[]`` writes it."""
         return {
             "id": self.id,
             "type": "function",
