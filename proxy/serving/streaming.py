@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -15,10 +14,11 @@ from proxy.serving.explain import EXPLAIN_HEADER, EXPLANATION_FIELD, explanation
 from proxy.serving.running import Started
 
 
-def json_response(started: Started, body: dict[str, Any]) -> JSONResponse:
-    """A finished completion: the cache headers, and the explanation in the body when asked."""
+def json_response(started: Started, body: Mapping[str, object]) -> JSONResponse:
+    """A finished completion (any JSON object): the cache headers, and the explanation in the
+    body (its last field) when asked."""
     if started.explanation is not None:
-        body[EXPLANATION_FIELD] = started.explanation.as_json()
+        body = {**body, EXPLANATION_FIELD: started.explanation.as_json()}
     return JSONResponse(body, headers=started.headers)
 
 
@@ -30,7 +30,7 @@ def event_stream(started: Started, events: AsyncIterator[str]) -> StreamingRespo
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
-def sse(obj: dict[str, Any]) -> str:
+def sse(obj: Mapping[str, object]) -> str:
     """One server-sent event carrying ``obj`` as JSON."""
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
