@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,7 +36,50 @@ ERROR_TYPES = {
 }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+class OpenAIErrorDetail(TypedDict):
+    """OpenAI's ``error``: the message, its type, the field it names and a code."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(TypedDict):
+    """OpenAI's error body."""
+
+    error: OpenAIErrorDetail
+
+
+class AnthropicErrorDetail(TypedDict):
+    """Anthropic's ``error``: its type (``ERROR_TYPES``) and message."""
+
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(TypedDict):
+    """Anthropic's error body."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class GoogleErrorDetail(TypedDict):
+    """Google's ``error``: the HTTP status, the message and the canonical code (``GOOGLE_STATUS``)."""
+
+    code: int
+    message: str
+    status: str
+
+
+class GoogleErrorBody(TypedDict):
+    """Google's error body."""
+
+    error: GoogleErrorDetail
+
+
+def error_body(status: int, message: str) -> AnthropicErrorBody:
     """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
     return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
 
@@ -65,7 +108,7 @@ class OpenAIError(Exception):
     def response(self, dialect: str = "openai") -> JSONResponse:
         """The error in OpenAI's shape, or Anthropic's (``dialect="anthropic"``, the Messages API),
         or Google's ``{"error": {"code", "message", "status"}}`` (``"gemini"``)."""
-        body: dict[str, Any] = {
+        body: OpenAIErrorBody | AnthropicErrorBody | GoogleErrorBody = {
             "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         }
         text = (
