@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, Never, TypedDict, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic_core import ErrorDetails
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -173,7 +174,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # NOTE: a union field fails once per member; the deepest failure is the one that names
         # what is wrong (``messages[0].content[0].cache_control.ttl``, not ``...content: not a str``).
-        first: dict[str, Any] = max(exc.errors(), key=lambda e: len(e.get("loc", ())), default={})
+        errors: list[ErrorDetails] = list(exc.errors())
+        first: ErrorDetails | dict[str, Never] = max(errors, key=lambda e: len(e.get("loc", ())), default={})
         # NOTE: pydantic names the member of a union it tried (``prompt.str``); clients want the field.
         loc = [p for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
         message = first.get("msg", "invalid request")
