@@ -18,8 +18,9 @@ from proxy.env_names import PREFIX, unknown_variables, warn_once
 from proxy.setting_values import Bytes, key_file
 from store.block_format import BlockFormat
 from store.index.embedded.files import EMBEDDED_URL
-from store.index.redis.connect import SCHEMES, check_url, redact_url
+from store.index.redis.connect import check_url, redact_url
 from store.index.redis.faults import RedisPlace
+from store.index.redis.schemes import SCHEMES
 
 
 def default_cache_dir() -> Path:

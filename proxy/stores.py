@@ -28,9 +28,9 @@ from store.blobs.file import FileBlobStore
 from store.blobs.tiered import TieredBlobStore
 from store.cache import BlockCache
 from store.index.base import BlockIndex
-from store.index.redis.connect import SCHEMES as REDIS_SCHEMES
 from store.index.redis.connect import redact_url, redis_client
 from store.index.redis.faults import RedisPlace, ping_fault
+from store.index.redis.schemes import SCHEMES as REDIS_SCHEMES
 from store.interface import KVSpec
 from store.open import Registry
 from store.parts import CacheOptions, StoreParts

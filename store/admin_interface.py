@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Literal, Protocol
 
 from hashing import BlockHash, Namespace, NamespaceIdentity
 from store.index.base import Window
@@ -64,7 +64,7 @@ class DeploymentStats:
     last_hour: TokenWindow
     stored: StoredNow | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | dict[str, int | float | None]]:
         """As JSON: the totals, ``last_minute``, ``last_hour``, then ``stored``'s fields."""
         out = self.totals | {"last_minute": asdict(self.last_minute), "last_hour": asdict(self.last_hour)}
         return out | (asdict(self.stored) if self.stored is not None else {})

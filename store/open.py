@@ -13,7 +13,7 @@ from urllib.request import url2pathname
 
 from store.blobs.base import BlobBackend
 from store.index.base import BlockIndex
-from store.index.redis.connect import SCHEMES as REDIS_SCHEMES
+from store.index.redis.schemes import SCHEMES as REDIS_SCHEMES
 
 IndexFactory = Callable[[str, str, float], BlockIndex]
 """``(url, key prefix, timeout in seconds) -> index`` (nothing is contacted yet)."""

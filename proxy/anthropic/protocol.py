@@ -172,13 +172,27 @@ def stop_reason(finished: Finished, called: bool = False) -> str:
     return "tool_use" if called else "end_turn"
 
 
+class MessageObject(TypedDict):
+    """A Messages API response object: ``content`` its blocks (text, tool use), ``stop_reason``
+    and ``stop_sequence`` None until it has finished."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: Sequence[Mapping[str, object]]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: MessagesUsage
+
+
 def message(
     message_id: str,
     model: str,
     content: Sequence[Mapping[str, object]],
     finished: Finished | None,
     usage: MessagesUsage,
-) -> dict[str, Any]:
+) -> MessageObject:
     """A Messages API response object (no ``finished``: the empty message of ``message_start``)."""
     called = any(block["type"] == "tool_use" for block in content)
     return {

@@ -9,8 +9,7 @@ Source: Anthropic's API reference, Streaming Messages.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.anthropic import protocol
@@ -84,5 +83,5 @@ async def events(begun: Begun, message_id: str, model: str, split: CacheCreation
         running.cancel()
 
 
-def _event(kind: str, data: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind} | data, ensure_ascii=False)}\n\n"
+def _event(kind: str, data: Mapping[str, object]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
@@ -120,7 +120,22 @@ def result_text(block: Mapping[str, Any]) -> str:
     return f"Error: {content}" if block.get("is_error") else str(content)
 
 
-def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
+class CalledFunction(TypedDict):
+    """A template tool call's ``function``: the tool's name and its arguments as JSON text."""
+
+    name: str | None
+    arguments: str
+
+
+class ToolCallEntry(TypedDict):
+    """A template message's ``tool_calls`` entry (OpenAI's shape)."""
+
+    id: str | None
+    type: Literal["function"]
+    function: CalledFunction
+
+
+def _tool_call(block: Mapping[str, Any]) -> ToolCallEntry:
     """A ``tool_use`` block as a template message's ``tool_calls`` entry (OpenAI's shape)."""
     arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
     return {

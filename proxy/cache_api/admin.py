@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
-from proxy.cache_api.protocol import ClearRequest
+from proxy.cache_api.protocol import ClearRequest, ProcessCounters
 from proxy.http.auth import require_admin
 from proxy.http.errors import OpenAIError
 from proxy.named.lifecycle import forget_cleared
@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/cache", dependencies=[Depends(require_admin)])
 @router.get("/stats")
 async def cache_stats(engine: EngineDep, cache: CacheDep) -> dict[str, Any]:
     """Deployment-wide counters (from Redis, summed over every process) and this process's own."""
-    process: dict[str, Any] = {"engine": dataclasses.asdict(engine.stats())}
+    process: ProcessCounters = {"engine": dataclasses.asdict(engine.stats())}
     deployment = None
     if cache is not None:
         process["cache"] = cache.stats().as_dict()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from pydantic import BaseModel, Field, StrictInt, model_validator
 
@@ -49,3 +49,11 @@ class ExportRequest(BaseModel):
 
 class ClearRequest(BaseModel):
     namespace: str | None = Field(None, pattern="^[0-9a-f]{32}$", description="Only this namespace (hex).")
+
+
+class ProcessCounters(TypedDict):
+    """``/v1/cache/stats``' ``process``: this process's engine counters (``EngineStats``'
+    fields) and, with a cache, its cache counters (``CacheStats``' fields)."""
+
+    engine: dict[str, int | float]
+    cache: NotRequired[dict[str, int]]

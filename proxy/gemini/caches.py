@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from engine.worker import Engine
 from hashing import BLOCK_SIZE
 from proxy.config import Settings
+from proxy.gemini.answers import CachedContent, CachedContentList
 from proxy.gemini.protocol import (
     CachedContentRequest,
     chat_messages,
@@ -24,20 +25,20 @@ from proxy.http.errors import OpenAIError
 from proxy.http.numbers import page_bounds
 from proxy.named import lifecycle, service
 from proxy.named.registry import NamedCache, NamedCaches, tenant_digest
+from proxy.named.service import NamedDep
 from proxy.serving.facts import served_model
 from proxy.serving.validation import check_model
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
 from store.admin_interface import CacheAdmin
 
 router = APIRouter()
-NamedDep = Annotated[NamedCaches, Depends(service.get_named)]
 DEFAULT_TTL_S = 3600
 """A named cache's lifetime when neither ``ttl`` nor ``expireTime`` is given (Gemini's hour)."""
 PAGE_MOST = 1000
 """The largest ``pageSize`` of a listing (Gemini's)."""
 
 
-def described(record: NamedCache) -> dict[str, Any]:
+def described(record: NamedCache) -> CachedContent:
     """A cache as Gemini's ``CachedContent`` (contents left out, as Gemini leaves them), with
     kvproxy's ``usageMetadata.cachedBlockBytes`` and ``cachedBlockTokens`` beside the count."""
     return {
@@ -97,7 +98,7 @@ async def create(body: CachedContentRequest, c: CachingDep) -> dict[str, Any]:
     made = await lifecycle.create(
         engine, c.cache, c.named, settings, c.tenant, messages, expiry, body.display_name
     )
-    return described(made)
+    return dict(described(made))
 
 
 @router.get("/v1beta/cachedContents")
@@ -115,15 +116,15 @@ async def listing(
     start, size = page_bounds(page_token, page_size, PAGE_MOST)
     now = time.time()
     live = [c for c in await service.on_state(named.of_tenant, tenant) if c.expires > now]
-    out: dict[str, Any] = {"cachedContents": [described(c) for c in live[start : start + size]]}
+    out: CachedContentList = {"cachedContents": [described(c) for c in live[start : start + size]]}
     if start + size < len(live):
         out["nextPageToken"] = str(start + size)
-    return out
+    return dict(out)
 
 
 @router.get("/v1beta/cachedContents/{cache_id}")
 async def get(cache_id: str, named: NamedDep, tenant: Tenant) -> dict[str, Any]:
-    return described(await service.find(named, tenant, cache_id))
+    return dict(described(await service.find(named, tenant, cache_id)))
 
 
 @router.patch("/v1beta/cachedContents/{cache_id}")
@@ -133,7 +134,7 @@ async def update(cache_id: str, body: CachedContentRequest, c: CachingDep) -> di
         raise OpenAIError(400, "only ttl or expireTime can be updated", param="ttl")
     record = await service.find(c.named, c.tenant, cache_id)
     expires = body.expiry(time.time(), DEFAULT_TTL_S, c.settings.max_ttl)
-    return described(await lifecycle.set_expiry(c.engine, c.cache, c.named, c.tenant, record, expires))
+    return dict(described(await lifecycle.set_expiry(c.engine, c.cache, c.named, c.tenant, record, expires)))
 
 
 @router.delete("/v1beta/cachedContents/{cache_id}")

@@ -9,16 +9,18 @@ named cache's pinned ones, and any other prefix the cache holds).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
 from engine.requests import Failed, Finished, TokenDelta
+from proxy.gemini.answers import Candidate, GenerateContentResponse, UsageMetadata
 from proxy.gemini.protocol import GenerateContentRequest, model_name
 from proxy.gemini.turns import contents_messages, gemini_turn
 from proxy.http.auth import Tenant
 from proxy.named import service
 from proxy.named.registry import NamedCaches
+from proxy.named.service import NamedDep
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.starting import Begun, finish_turn, start_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, sse
@@ -28,20 +30,9 @@ from proxy.state import EngineDep, SettingsDep
 from proxy.tools.rendering import TemplateMessage
 
 router = APIRouter()
-NamedDep = Annotated[NamedCaches, Depends(service.get_named)]
 
 FINISH_REASONS = {"stop": "STOP", "length": "MAX_TOKENS"}
 """kvproxy's finish reasons as Gemini's (anything else: ``OTHER``)."""
-
-
-class UsageMetadata(TypedDict):
-    """A ``GenerateContentResponse``'s ``usageMetadata``: ``cachedContentTokenCount`` of the
-    prompt's tokens were read from cached blocks."""
-
-    promptTokenCount: int
-    cachedContentTokenCount: int
-    candidatesTokenCount: int
-    totalTokenCount: int
 
 
 def usage_metadata(counts: Usage) -> UsageMetadata:
@@ -56,10 +47,10 @@ def usage_metadata(counts: Usage) -> UsageMetadata:
 
 def reply(
     response_id: str, model: str, text: str, counts: Usage, finished: Finished | None
-) -> dict[str, Any]:
+) -> GenerateContentResponse:
     """A ``GenerateContentResponse`` with one candidate (a stream's chunk: ``finished`` None;
     ``counts`` the usage so far)."""
-    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+    candidate: Candidate = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
     if finished is not None:
         candidate["finishReason"] = FINISH_REASONS.get(finished.finish_reason, "OTHER")
     return {

@@ -10,11 +10,13 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from engine.worker import Engine
-from proxy.gemini.generate import NamedDep, prompt_messages
+from proxy.gemini.answers import ModelList, ModelResource, TokenCount
+from proxy.gemini.generate import prompt_messages
 from proxy.gemini.protocol import GenerateContentRequest, model_name
 from proxy.gemini.turns import gemini_turn
 from proxy.http.auth import Tenant, get_tenant
 from proxy.http.numbers import page_bounds
+from proxy.named.service import NamedDep
 from proxy.serving.facts import served_model
 from proxy.serving.prompts import render_turn
 from proxy.serving.validation import check_model
@@ -26,7 +28,7 @@ PAGE_MOST = 1000
 """The largest ``pageSize`` of a listing (Gemini's)."""
 
 
-def described(engine: Engine, name: str) -> dict[str, Any]:
+def described(engine: Engine, name: str) -> ModelResource:
     """A ``Model`` resource: its name, token limits and the methods served."""
     return {
         "name": f"models/{name}",
@@ -52,16 +54,16 @@ async def listing(
     """
     start, size = page_bounds(page_token, page_size, PAGE_MOST)
     names = engine.loaded.served_names
-    out: dict[str, Any] = {"models": [described(engine, name) for name in names[start : start + size]]}
+    out: ModelList = {"models": [described(engine, name) for name in names[start : start + size]]}
     if start + size < len(names):
         out["nextPageToken"] = str(start + size)
-    return out
+    return dict(out)
 
 
 @router.get("/v1beta/models/{model}", dependencies=[Depends(get_tenant)])
 async def get(model: str, engine: EngineDep) -> dict[str, Any]:
     check_model(served_model(engine).facts, model_name(model))
-    return described(engine, model_name(model))
+    return dict(described(engine, model_name(model)))
 
 
 @router.post("/v1beta/models/{model}:countTokens")
@@ -73,4 +75,5 @@ async def count_tokens(
     messages = await prompt_messages(facts, named, tenant, name, body)
     turn = gemini_turn(body, name, tenant, messages)
     prompt = await run_in_threadpool(render_turn, tokenizer, facts.vocab_size, turn)
-    return {"totalTokens": len(prompt.ids)}
+    counted: TokenCount = {"totalTokens": len(prompt.ids)}
+    return dict(counted)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, Never, TypedDict, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic_core import ErrorDetails
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -36,7 +37,50 @@ ERROR_TYPES = {
 }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+class OpenAIErrorDetail(TypedDict):
+    """OpenAI's ``error``: the message, its type, the field it names and a code."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(TypedDict):
+    """OpenAI's error body."""
+
+    error: OpenAIErrorDetail
+
+
+class AnthropicErrorDetail(TypedDict):
+    """Anthropic's ``error``: its type (``ERROR_TYPES``) and message."""
+
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(TypedDict):
+    """Anthropic's error body."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class GoogleErrorDetail(TypedDict):
+    """Google's ``error``: the HTTP status, the message and the canonical code (``GOOGLE_STATUS``)."""
+
+    code: int
+    message: str
+    status: str
+
+
+class GoogleErrorBody(TypedDict):
+    """Google's error body."""
+
+    error: GoogleErrorDetail
+
+
+def error_body(status: int, message: str) -> AnthropicErrorBody:
     """Anthropic's error shape: ``{"type": "error", "error": {"type", "message"}}``."""
     return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
 
@@ -65,7 +109,7 @@ class OpenAIError(Exception):
     def response(self, dialect: str = "openai") -> JSONResponse:
         """The error in OpenAI's shape, or Anthropic's (``dialect="anthropic"``, the Messages API),
         or Google's ``{"error": {"code", "message", "status"}}`` (``"gemini"``)."""
-        body: dict[str, Any] = {
+        body: OpenAIErrorBody | AnthropicErrorBody | GoogleErrorBody = {
             "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         }
         text = (
@@ -130,7 +174,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # NOTE: a union field fails once per member; the deepest failure is the one that names
         # what is wrong (``messages[0].content[0].cache_control.ttl``, not ``...content: not a str``).
-        first: dict[str, Any] = max(exc.errors(), key=lambda e: len(e.get("loc", ())), default={})
+        errors: list[ErrorDetails] = list(exc.errors())
+        first: ErrorDetails | dict[str, Never] = max(errors, key=lambda e: len(e.get("loc", ())), default={})
         # NOTE: pydantic names the member of a union it tried (``prompt.str``); clients want the field.
         loc = [p for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p))]
         message = first.get("msg", "invalid request")

@@ -22,7 +22,6 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
-import httpx
 import xxhash
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -39,7 +38,9 @@ from proxy.router.deps import RouterDep, RouteTenant, credentials, route_tenant
 from proxy.router.forward import forward, pass_through, while_connected
 from proxy.router.identity import Identity
 from proxy.router.index import RouteIndex
+from proxy.router.listing import union
 from proxy.router.policy import Endpoint
+from proxy.router.replicas import Replica
 from proxy.router.routing import Router
 from proxy.router.settings import RouteSettings
 from store.index.memory.index import MEMORY_URL
@@ -175,22 +176,13 @@ async def no_prompt(request: Request, router: RouterDep) -> Response:
 async def models(request: Request, _: Tenant, router: RouterDep) -> dict[str, Any]:
     """The union of the models the replicas that are up list (the first listing wins)."""
 
-    async def listed(url: str) -> list[dict[str, Any]]:
-        replica = router.replicas.get(url)
-        try:
-            headers, _ = credentials(request)
-            response = await replica.client.get(f"{url}/models", headers=headers, timeout=5)
-            data = response.json().get("data", []) if response.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return []
-        return [m for m in data if isinstance(m, dict) and "id" in m]
+    def url_of(replica: Replica) -> str:
+        return f"{replica.url}/models"
 
-    lists = await asyncio.gather(*(listed(r.url) for r in router.replicas.candidates(None)))
-    seen: dict[str, dict[str, Any]] = {}
-    for entries in lists:
-        for entry in entries:
-            seen.setdefault(entry["id"], entry)
-    return {"object": "list", "data": list(seen.values())}
+    return {
+        "object": "list",
+        "data": await union(router, url_of, (credentials(request)[0], None), "data", "id"),
+    }
 
 
 @api.get("/v1/models/{model_id:path}", dependencies=[Depends(route_tenant)])

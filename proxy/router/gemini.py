@@ -13,11 +13,9 @@ the other routes; the router's own errors here are in Google's shape
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -25,8 +23,10 @@ from proxy.gemini.protocol import model_name
 from proxy.http.numbers import page_bounds
 from proxy.router.deps import RouterDep, RouteTenant, credentials
 from proxy.router.forward import forward, pass_through, while_connected
+from proxy.router.listing import union
 from proxy.router.named import PAGE_MOST, PREFIX, holder, learn, listing, named_in
 from proxy.router.policy import Endpoint
+from proxy.router.replicas import Replica
 from proxy.router.routing import Router
 
 api = APIRouter()
@@ -69,22 +69,10 @@ async def models(request: Request, _: RouteTenant, router: RouterDep) -> dict[st
     headers, params = credentials(request)
     params = params | {"pageSize": str(PAGE_MOST)}
 
-    async def listed(url: str) -> list[dict[str, Any]]:
-        replica = router.replicas.get(url)
-        try:
-            response = await replica.client.get(
-                f"{replica.root}/v1beta/models", headers=headers, params=params, timeout=5
-            )
-            found = response.json().get("models", []) if response.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return []
-        return [m for m in found if isinstance(m, dict) and "name" in m]
+    def url_of(replica: Replica) -> str:
+        return f"{replica.root}/v1beta/models"
 
-    seen: dict[str, dict[str, Any]] = {}
-    for entries in await asyncio.gather(*(listed(r.url) for r in router.replicas.candidates(None))):
-        for entry in entries:
-            seen.setdefault(entry["name"], entry)
-    models = list(seen.values())
+    models = await union(router, url_of, (headers, params), "models", "name")
     out: dict[str, Any] = {"models": models[start : start + size]}
     if start + size < len(models):
         out["nextPageToken"] = str(start + size)

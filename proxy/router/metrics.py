@@ -9,11 +9,19 @@ Labels are bounded: ``replica`` is one of the configured upstream URLs, ``decisi
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.router.policy import Decision
+from proxy.router.replies import ChatUsage
+
+
+class RouterStats(TypedDict):
+    """``/stats``' figures per replica URL: ``up``, ``inflight``, the counts (``requests``,
+    ``decision_<decision>``, ``error_<kind>``, tokens) and the hit rates (None before any usage)."""
+
+    replicas: dict[str, dict[str, int | float | bool | None]]
 
 
 class RouterMetrics:
@@ -73,7 +81,7 @@ class RouterMetrics:
         totals[f"decision_{decision}"] += 1
         totals["predicted_tokens"] += predicted_tokens
 
-    def usage(self, replica: str, usage: dict[str, Any]) -> None:
+    def usage(self, replica: str, usage: ChatUsage) -> None:
         """Count a response's ``usage`` (missing figures count as 0)."""
         prompt = int(usage.get("prompt_tokens") or 0)
         cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
@@ -86,9 +94,9 @@ class RouterMetrics:
         self.errors.labels(replica, kind).inc()
         self._totals[replica][f"error_{kind}"] += 1
 
-    def stats(self, up: dict[str, bool], inflight: dict[str, int]) -> dict[str, Any]:
+    def stats(self, up: dict[str, bool], inflight: dict[str, int]) -> RouterStats:
         """Per replica: health, in flight, requests, decisions, errors, tokens and hit rates."""
-        out = {}
+        out: dict[str, dict[str, int | float | bool | None]] = {}
         for replica, totals in self._totals.items():
             base = dict.fromkeys(
                 ("requests", "predicted_tokens", "prompt_tokens", "reported_cached_tokens"), 0

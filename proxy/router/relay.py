@@ -17,7 +17,7 @@ from proxy.http.errors import OpenAIError
 from proxy.router.identity import PromptKey
 from proxy.router.policy import Endpoint
 from proxy.router.replicas import Replica
-from proxy.router.replies import delta_text, reply_text, reply_usage, response_id, sse_data
+from proxy.router.replies import ChatUsage, delta_text, reply_text, reply_usage, response_id, sse_data
 from proxy.router.routing import Router
 
 
@@ -35,7 +35,7 @@ class Sent:
     tenant: str
     knows_prompt: bool = True
 
-    def learn(self, reply: str | None, usage: dict[str, Any] | None, answer_id: str | None) -> None:
+    def learn(self, reply: str | None, usage: ChatUsage | None, answer_id: str | None) -> None:
         """Record what the answer said (in the background: it outlives the request)."""
         router, replica = self.router, self.replica
         if usage is not None:
@@ -77,7 +77,7 @@ async def relay(sent: Sent, response: httpx.Response, wants_usage: bool) -> Asyn
     chat or completions usage chunk the client did not ask for is left out."""
     router, replica, kind = sent.router, sent.replica, sent.kind
     parts: list[str] = []
-    usage: dict[str, Any] | None = None
+    usage: ChatUsage | None = None
     answer_id: str | None = None
     buffer = b""
     try:

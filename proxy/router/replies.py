@@ -4,9 +4,23 @@ prefix) and the usage, from a JSON body or SSE events, whatever else they hold."
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from proxy.router.policy import Endpoint
+
+
+class PromptDetails(TypedDict, total=False):
+    """``usage.prompt_tokens_details``: the prompt tokens read from the replica's cache."""
+
+    cached_tokens: int | None
+
+
+class ChatUsage(TypedDict, total=False):
+    """A reply's usage as chat completions count it (the figures as the replica wrote them, None
+    or missing when it wrote none); a chat or completions reply's ``usage`` holds more."""
+
+    prompt_tokens: int | None
+    prompt_tokens_details: PromptDetails
 
 
 def sse_data(event: bytes) -> dict[str, Any] | None:
@@ -74,7 +88,7 @@ def reply_text(kind: Endpoint, doc: dict[str, Any]) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def reply_usage(kind: Endpoint, doc: dict[str, Any]) -> dict[str, Any] | None:
+def reply_usage(kind: Endpoint, doc: dict[str, Any]) -> ChatUsage | None:
     """The usage a body or event reports, as chat completions count it (``prompt_tokens``,
     ``prompt_tokens_details.cached_tokens``); None when it reports none. Gemini's
     ``usageMetadata`` (``promptTokenCount``, ``cachedContentTokenCount``) is in every chunk of a
@@ -112,8 +126,8 @@ def reply_usage(kind: Endpoint, doc: dict[str, Any]) -> dict[str, Any] | None:
         )
         prompt = (usage.get("input_tokens") or 0) + read + created
         return {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": read}}
-    usage = doc.get("usage")
-    return usage if isinstance(usage, dict) else None
+    reported = doc.get("usage")  # NOTE: chat's and completions' own usage object, passed on as is
+    return cast(ChatUsage, reported) if isinstance(reported, dict) else None
 
 
 def response_id(doc: dict[str, Any]) -> str | None:

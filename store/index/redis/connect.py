@@ -36,13 +36,12 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from store.index.redis.schemes import CLUSTER_SCHEMES, SCHEMES, SENTINEL_SCHEMES
+
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 """What a Redis operation may raise on a fault: redis-py's cluster client raises some errors
 (a slot no node covers, a cluster it cannot reach) outside ``redis.RedisError``."""
 
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 _BOOL_OPTIONS = {"ssl", "ssl_check_hostname"}
 _TEXT_OPTIONS = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "username", "password"}
 _SENTINEL_OPTIONS = {"sentinel_username", "sentinel_password"}

@@ -19,3 +19,16 @@ def test_the_memory_index_and_the_contracts_import_no_redis() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert run.stdout.strip() == "False"
+
+
+def test_opening_a_memory_index_imports_no_redis() -> None:
+    """``store.open`` picks a backend by scheme without loading redis-py: ``memory://`` leaves it
+    unloaded."""
+    code = (
+        "import sys\n"
+        "from store.open import open_index\n"
+        "open_index('memory://', key_prefix='kvproxy:', timeout_s=1.0)\n"
+        "print('redis' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert run.stdout.strip() == "False"
