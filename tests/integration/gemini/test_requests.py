@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from hashing import BLOCK_SIZE
+from tests.api import Api
 from tests.replicas import text
 
 DOCUMENT = text(3, 400)  # about 650 tokens of the tiny tokenizer: 5 full blocks
@@ -89,3 +90,23 @@ def test_routes_that_cannot_read_a_named_cache_refuse_it(server, route, body) ->
     name = create(server)["name"]
     r = httpx.post(f"{server.base_url}{route}", json=body | {"cached_content": name}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "cached_content", r.text
+
+
+def test_a_system_instruction_is_reused_to_its_end_as_the_chat_route_reuses_a_system_prompt(server) -> None:
+    """Two conversations with one system instruction: the second reads it to its last token (a tail
+    is stored where it ends, as every dialect's turn stores one), not only to its last full block."""
+    system = {"parts": [{"text": text(7, 200)}]}
+
+    def ask(question: str) -> dict:
+        body = {"systemInstruction": system, "contents": [{"role": "user", "parts": [{"text": question}]}]}
+        r = generate(server, body | {"generationConfig": {"maxOutputTokens": 2, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        return r.json()["usageMetadata"]
+
+    ask("Name a colour.")
+    Api(server).flush()
+    head = {"model": "tiny", "messages": [{"role": "system", "content": system["parts"][0]["text"]}]}
+    r = httpx.post(f"{server.base_url}/tokenize", json=head | {"add_generation_prompt": False}, timeout=60)
+    ends = r.json()["count"]
+    assert ends % BLOCK_SIZE and ends > BLOCK_SIZE  # NOTE: the system's end is inside a block
+    assert ask("Name a fruit.")["cachedContentTokenCount"] == ends
