@@ -35,6 +35,7 @@ from store.index.embedded.files import (
     held,
     last_lines,
     read_from,
+    ready,
     server_args,
 )
 
@@ -69,6 +70,8 @@ class Keeper:
         self.persist = True
         self.stopping = False
         self.root_id = _inode(files.root)
+        self.loaded = False
+        """Whether the running server has loaded its data (and a cut in it was reported)."""
         self.socket_id: int | None = None
         """The inode of the socket file the server made (a newer server's at the same path is not
         its to remove)."""
@@ -111,16 +114,8 @@ class Keeper:
                 slow = True
                 log.info("the index server has not answered for %.0f s: still waiting", SLOW_S)
             time.sleep(0.05)
-        self.socket_id = _inode(self.files.socket)
+        self.socket_id, self.loaded = _inode(self.files.socket), False
         log.info("index server %d up on %s (%s)", self.server.pid, self.files.socket, self.mode)
-        if cut := re.findall(
-            r"Truncating the AOF (\S+) at offset (\d+)", read_from(self.files.log, self.logged)
-        ):
-            log.warning(
-                "the index's append-only file was cut short (a crash or a full disk): loaded up to "
-                "byte %s of %s; what came after is gone (those prompts are misses until stored again)",
-                *cut[-1][::-1],
-            )
         return True
 
     @property
@@ -138,6 +133,17 @@ class Keeper:
         folder.rename(aside)
         log.warning("the index's append-only file could not be loaded: moved to %s, starting empty", aside)
         return True
+
+    def _report_cut(self) -> None:
+        """Log an append-only file the server loaded only up to a cut (a crash mid-write): its log
+        says so once it has loaded (``Truncating the AOF <file> at offset <n>``)."""
+        said = read_from(self.files.log, self.logged)
+        if cut := re.findall(r"Truncating the AOF (\S+) at offset (\d+)", said):
+            log.warning(
+                "the index's append-only file was cut short (a crash or a full disk): loaded up to "
+                "byte %s of %s; what came after is gone (those prompts are misses until stored again)",
+                *cut[-1][::-1],
+            )
 
     def _without_persistence(self) -> bool:
         self.persist = False
@@ -181,6 +187,9 @@ class Keeper:
                 answered = time.monotonic()
             elif alive(self.files.socket):
                 answered = time.monotonic()
+                if not self.loaded and ready(self.files.socket):
+                    self.loaded = True
+                    self._report_cut()
             elif time.monotonic() - answered > HUNG_S:
                 log.warning("the index server answered nothing for %.0f s: starting it again", HUNG_S)
                 self.stop(grace_s=5.0)

@@ -191,7 +191,7 @@ def test_disk_faults(fault, settings, tiny_model, serve, cold, caplog, redis_cli
             fill(blob_dir)  # NOTE: 64k alone holds no block (64 KiB of K/V) but several tails
         if fault == "read-only":
             subprocess.run(["mount", "-o", "remount,ro", str(blob_dir)], check=True)
-        with caplog.at_level(logging.WARNING, logger="store.cache"), serve(settings, tiny_model) as server:
+        with caplog.at_level(logging.WARNING, logger="store"), serve(settings, tiny_model) as server:
             api = Api(server)
             for p in PROMPTS:
                 result = api.complete(p)
