@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from proxy.anthropic import protocol as anthropic
 from proxy.anthropic.caching import creation
+from proxy.anthropic.limits import context_error
 from proxy.anthropic.named import messages_body
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content
@@ -20,7 +21,7 @@ from proxy.serving.prompts import layout, render_turn
 from proxy.serving.starting import finish_turn, start_turn
 from proxy.serving.streaming import event_stream, json_response, new_id
 from proxy.serving.turn import Turn
-from proxy.serving.validation import check_model
+from proxy.serving.validation import ContextExceeded, check_model
 from proxy.state import EngineDep, SettingsDep
 
 router = APIRouter()
@@ -71,7 +72,10 @@ async def messages(
     body = await messages_body(request, engine, body, tenant)
     tokenizer, facts = served_model(engine)
     turn = await run_in_threadpool(accept, facts, body, tenant)
-    begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    try:
+        begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    except ContextExceeded as exc:
+        raise context_error(exc) from None
     started, message_id = begun.started, new_id("msg", "_")
     split = creation(begun.generation.cache_ttl_s, settings.ttl, started.done.cached_tokens, started.written)
     if body.stream:

@@ -13,6 +13,7 @@ from engine.worker import Engine
 from hashing import BLOCK_SIZE
 from proxy.config import Settings
 from proxy.gemini.answers import CachedContent, CachedContentList
+from proxy.gemini.limits import context_error
 from proxy.gemini.protocol import (
     CachedContentRequest,
     chat_messages,
@@ -27,7 +28,7 @@ from proxy.named import lifecycle, service
 from proxy.named.registry import NamedCache, NamedCaches, tenant_digest
 from proxy.named.service import NamedDep
 from proxy.serving.facts import served_model
-from proxy.serving.validation import check_model
+from proxy.serving.validation import ContextExceeded, check_model
 from proxy.state import CacheOnDep, EngineDep, SettingsDep
 from store.admin_interface import CacheAdmin
 
@@ -95,9 +96,12 @@ async def create(body: CachedContentRequest, c: CachingDep) -> dict[str, Any]:
     def expiry(now: float) -> float:
         return body.expiry(now, min(DEFAULT_TTL_S, longest), longest)
 
-    made = await lifecycle.create(
-        engine, c.cache, c.named, settings, c.tenant, messages, expiry, body.display_name
-    )
+    try:
+        made = await lifecycle.create(
+            engine, c.cache, c.named, settings, c.tenant, messages, expiry, body.display_name
+        )
+    except ContextExceeded as exc:
+        raise context_error(exc) from None
     return dict(described(made))
 
 

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.gemini.answers import Candidate, GenerateContentResponse, UsageMetadata
+from proxy.gemini.limits import context_error
 from proxy.gemini.protocol import GenerateContentRequest, model_name
 from proxy.gemini.turns import contents_messages, gemini_turn
 from proxy.http.auth import Tenant
@@ -25,7 +26,7 @@ from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.starting import Begun, finish_turn, start_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, sse
 from proxy.serving.turn import Usage
-from proxy.serving.validation import check_model
+from proxy.serving.validation import ContextExceeded, check_model
 from proxy.state import EngineDep, SettingsDep
 from proxy.tools.rendering import TemplateMessage
 
@@ -94,7 +95,10 @@ async def generate(
     tokenizer, facts = served_model(engine)
     messages = await prompt_messages(facts, named, tenant, name, body)
     turn = gemini_turn(body, name, tenant, messages)
-    begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    try:
+        begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    except ContextExceeded as exc:
+        raise context_error(exc) from None
     if request.url.path.endswith(":streamGenerateContent"):
         return event_stream(begun.started, _chunks(begun, response_id, name))
     answer = await finish_turn(begun, request)

@@ -52,10 +52,11 @@ async def create(
     when the cache exists) and keep the record.
 
     Raises:
-        OpenAIError: 400 for content shorter than a block or longer than the context, or an
-            expiry passed by then; 429 when the pinned bytes would pass the tenant's share of
-            ``--max-pinned-bytes`` or the budget itself, counting the creates under way
-            (``_refuse``, ``proxy.named.ledger``); 503 when Redis is unreachable.
+        OpenAIError: 400 for content shorter than a block, longer than the context (a
+            ``ContextExceeded``, for the dialect to word), or an expiry passed by then; 429 when
+            the pinned bytes would pass the tenant's share of ``--max-pinned-bytes`` or the
+            budget itself, counting the creates under way (``_refuse``, ``proxy.named.ledger``);
+            503 when Redis is unreachable.
     """
     ids = await run_in_threadpool(rendered, engine.loaded.tokenizer, messages, False)
     if len(ids) < BLOCK_SIZE:

@@ -12,6 +12,7 @@ from engine.requests import TokenDelta
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.auth import Tenant
+from proxy.openai.limits import chat_context_error
 from proxy.openai.logprobs import chat_logprobs
 from proxy.openai.named import chat_body
 from proxy.openai.protocol import ChatCompletionRequest, usage
@@ -31,6 +32,7 @@ from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn, start_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.serving.turn import Params
+from proxy.serving.validation import ContextExceeded
 from proxy.state import EngineDep, SettingsDep
 from proxy.tools.spec import Piece
 
@@ -72,7 +74,11 @@ async def chat_completions(
     tenant: Tenant,
 ) -> Any:
     body = await chat_body(request, engine, body, tenant)
-    begun = await start_chat(body, request, engine, settings, tenant)
+    try:
+        begun = await start_chat(body, request, engine, settings, tenant)
+    except ContextExceeded as exc:
+        field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        raise chat_context_error(exc, field) from None
     started, plan = begun.started, begun.plan
     completion_id, created = new_id("chatcmpl"), now()
     tokenizer = served_model(engine).tokenizer

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from engine.requests import TokenDelta
 from proxy.http.auth import Tenant
 from proxy.named.field import refuse_cached_content
+from proxy.openai.limits import completion_context_error
 from proxy.openai.logprobs import completion_logprobs
 from proxy.openai.protocol import CompletionRequest, usage
 from proxy.openai.replies import TextChoice, TextCompletion
@@ -17,6 +18,7 @@ from proxy.openai.turns import check_body, completion_turn
 from proxy.serving.facts import served_model
 from proxy.serving.starting import finish_turn, start_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
+from proxy.serving.validation import ContextExceeded
 from proxy.state import EngineDep, SettingsDep
 
 router = APIRouter()
@@ -33,9 +35,11 @@ async def completions(
     tokenizer, facts = served_model(engine)
     check_body(facts, body)
     refuse_cached_content(body)
-    begun = await start_turn(
-        completion_turn(body, settings, tenant), request, engine, tokenizer, facts, settings
-    )
+    turn = completion_turn(body, settings, tenant)
+    try:
+        begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    except ContextExceeded as exc:
+        raise completion_context_error(exc) from None
     started, ids = begun.started, begun.prompt.ids
     echoed = ""
     if body.echo:

@@ -26,6 +26,7 @@ from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
 from proxy.responses.events import events
 from proxy.responses.items import chat_messages, check_calls, input_items, output_items
+from proxy.responses.limits import context_error, refused_stream
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
@@ -33,6 +34,7 @@ from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
 from proxy.serving.turn import Params
+from proxy.serving.validation import ContextExceeded
 from proxy.state import EngineDep, SettingsDep
 from proxy.tools.rendering import TemplateMessage
 from store.index.redis.connect import REDIS_ERRORS
@@ -146,9 +148,14 @@ async def create(
     history = previous.conversation if previous is not None else []
     check_calls(history, items)
     system = body.system_messages()
-    chat, turn = await start_response(
-        body, request, engine, settings, tenant, system + history + chat_messages(items), previous
-    )
+    try:
+        chat, turn = await start_response(
+            body, request, engine, settings, tenant, system + history + chat_messages(items), previous
+        )
+    except ContextExceeded as exc:
+        if body.stream:  # NOTE: in the stream, where clients that compact look for it
+            return refused_stream(skeleton(new_id("resp", "_"), body), context_error(exc))
+        raise context_error(exc) from None
     response, served = skeleton(new_id("resp", "_"), body), served_model(engine)
 
     async def finish(

@@ -1,6 +1,8 @@
 """What a turn may ask of this server: the model, the prompt's length against the context, a
 ``logit_bias``'s token ids, and the TTL policy. Every refusal is an OpenAI-shaped error naming
-the field. Nothing here loads torch (the router may check as a replica does)."""
+the field; a request over the context is a ``ContextExceeded`` carrying its numbers, which each
+dialect words as its hosted API does. Nothing here loads torch (the router may check as a
+replica does)."""
 
 from __future__ import annotations
 
@@ -33,42 +35,79 @@ def cache_ttl(settings: Settings, retention: str | None) -> int:
     return min(RETENTION_S.get(retention or "", settings.ttl), settings.max_ttl)
 
 
+class ContextExceeded(OpenAIError):
+    """400 ``context_length_exceeded``: a request over the model's context, with its numbers.
+
+    The prompt alone is too long (``prompt_alone``) when it leaves no room for one generated
+    token: at most ``max_prompt_tokens`` (``context - 1``) fit. Otherwise the prompt and the
+    ``max_tokens`` asked (None: not given) add up to more than ``context``. Each dialect catches
+    it and words it as its hosted API does, so that clients which recover from it (retry with a
+    smaller ``max_tokens``, compact) recognise it; the message here is the fallback for
+    kvproxy's own routes. ``param`` names the prompt's field, or the completion's when the
+    prompt fits.
+
+    Attributes:
+        prompt_tokens: the prompt's length, in tokens.
+        max_tokens: the completion's length asked, or None.
+        context: the model's context length, in tokens.
+    """
+
+    def __init__(self, prompt_tokens: int, max_tokens: int | None, context: int, param: str) -> None:
+        self.prompt_tokens, self.max_tokens, self.context = prompt_tokens, max_tokens, context
+        if max_tokens is None:
+            message = (
+                f"the prompt has {prompt_tokens} tokens; this model's context holds {context} tokens "
+                "(prompt and completion, at least one token generated)"
+            )
+        else:
+            message = (
+                f"the prompt has {prompt_tokens} tokens and {max_tokens} were asked for the completion: "
+                f"{prompt_tokens + max_tokens} tokens, over this model's context of {context} tokens"
+            )
+        super().__init__(400, message, param=param, code="context_length_exceeded")
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt that fits: the context less one generated token."""
+        return self.context - 1
+
+    @property
+    def prompt_alone(self) -> bool:
+        """Whether the prompt alone is over ``max_prompt_tokens`` (else with ``max_tokens``)."""
+        return self.prompt_tokens > self.max_prompt_tokens
+
+
 def check_prompt_length(facts: ModelFacts, n: int, param: str) -> None:
-    """400 ``context_length_exceeded`` naming ``param`` unless an ``n``-token prompt leaves room
-    for at least one generated token."""
-    context = facts.context_length
-    if n >= context:
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {context} tokens; the prompt alone has {n}.",
-            param=param,
-            code="context_length_exceeded",
-        )
+    """Raises ``ContextExceeded`` naming ``param`` unless an ``n``-token prompt leaves room for at
+    least one generated token."""
+    if n >= facts.context_length:
+        raise ContextExceeded(n, None, facts.context_length, param)
 
 
 def completion_budget(
-    facts: ModelFacts, settings: Settings, n: int, max_tokens: int | None, prompt_param: str = "prompt"
+    facts: ModelFacts,
+    settings: Settings,
+    n: int,
+    max_tokens: int | None,
+    prompt_param: str = "prompt",
 ) -> int:
     """Tokens the completion may have: ``max_tokens``, or up to the context bounded by
     ``--default-max-tokens`` when absent (OpenAI's "up to the context").
 
     Raises:
-        OpenAIError: empty prompt, or prompt + max_tokens over the model's context (400).
+        OpenAIError: the prompt is empty (400).
+        ContextExceeded: the prompt leaves no room for a token (naming ``prompt_param``), or
+            prompt + ``max_tokens`` is over the model's context (naming ``max_tokens``).
     """
     if n == 0:
         raise OpenAIError(400, "the prompt is empty", param="prompt")
-    check_prompt_length(facts, n, prompt_param)
     context = facts.context_length
+    if n >= context:
+        raise ContextExceeded(n, max_tokens, context, prompt_param)
     if max_tokens is None:
         return min(context - n, settings.default_max_tokens)
     if n + max_tokens > context:
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {context} tokens; the prompt has {n} tokens "
-            f"and {max_tokens} were requested for the completion.",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+        raise ContextExceeded(n, max_tokens, context, "max_tokens")
     return max_tokens
 
 

@@ -14,7 +14,7 @@ from proxy.serving.facts import ModelFacts
 from proxy.serving.prompts import layout, render_turn, ttl_plan
 from proxy.serving.starting import sampling_params
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
-from proxy.serving.validation import check_model, completion_budget
+from proxy.serving.validation import ContextExceeded, check_model, completion_budget
 from proxy.tools.rendering import render_chat
 
 SYSTEM = {"role": "system", "content": "You answer questions about the weather. " * 12}
@@ -107,6 +107,23 @@ def test_the_budget_is_what_the_context_leaves(facts: ModelFacts) -> None:
     with pytest.raises(OpenAIError) as refused:
         completion_budget(facts, settings, 512, None, "contents")
     assert (refused.value.status, refused.value.param) == (400, "contents")
+
+
+def test_a_request_over_the_context_keeps_its_numbers(facts: ModelFacts) -> None:
+    """A refusal carries the prompt's length, the ``max_tokens`` asked and the context, for each
+    dialect to word: the prompt alone is too long past ``context - 1`` tokens (whatever
+    ``max_tokens`` asks; naming the prompt), else it is too long with ``max_tokens`` (naming it)."""
+    settings = Settings()
+    with pytest.raises(ContextExceeded) as alone:
+        completion_budget(facts, settings, 512, 10, "messages")
+    assert (alone.value.prompt_tokens, alone.value.max_tokens, alone.value.context) == (512, 10, 512)
+    assert alone.value.prompt_alone and alone.value.max_prompt_tokens == 511
+    assert (alone.value.param, alone.value.code) == ("messages", "context_length_exceeded")
+    with pytest.raises(ContextExceeded) as both:
+        completion_budget(facts, settings, 511, 2, "messages")
+    assert (both.value.prompt_tokens, both.value.max_tokens, both.value.param) == (511, 2, "max_tokens")
+    assert not both.value.prompt_alone
+    assert completion_budget(facts, settings, 511, 1, "messages") == 1
 
 
 def test_a_model_is_served_under_its_names(facts: ModelFacts) -> None:
