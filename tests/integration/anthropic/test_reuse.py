@@ -100,13 +100,16 @@ def block_ttls(redis_client, key_prefix: str) -> list[int]:
     return sorted(redis_client.ttl(k) for k in redis_client.scan_iter(f"{key_prefix}*:b:*"))
 
 
-def test_a_5m_breakpoint_is_kept_for_the_servers_ttl(cached, redis_client, key_prefix) -> None:
+def test_a_5m_breakpoint_is_kept_for_the_servers_ttl(
+    settings, tiny_model, serve, redis_client, key_prefix
+) -> None:
     """Under the default ``--client-ttl floor`` the blocks a 5-minute breakpoint covers are kept
     for the server's hour (read after 5 minutes they still hit), while the usage still counts
     them as ``ephemeral_5m``, as the client asked."""
-    reply = create(cached.server, body())
-    cached.flush()
-    ttls = block_ttls(redis_client, key_prefix)
+    with serve(settings.model_copy(update={"ttl": 3600}), tiny_model) as server:
+        reply = create(server, body())
+        Api(server).flush()
+        ttls = block_ttls(redis_client, key_prefix)
     assert len(ttls) >= 8 and min(ttls) > 300
     split = reply.usage.cache_creation
     assert split is not None and split.ephemeral_5m_input_tokens >= 8 * 128
@@ -117,7 +120,7 @@ def test_client_ttl_exact_expires_a_5m_breakpoint_at_5_minutes(
 ) -> None:
     """``--client-ttl exact``: the blocks the breakpoint covers expire at its 5 minutes, as on the
     hosted API."""
-    exact = settings.model_copy(update={"client_ttl": "exact"})
+    exact = settings.model_copy(update={"ttl": 3600, "client_ttl": "exact"})
     with serve(exact, tiny_model) as server:
         create(server, body())
         Api(server).flush()
