@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -150,6 +150,17 @@ class Settings(ServerSettings):
     ttl: int = Field(3600, gt=0, description="Seconds a block stays cached after its last hit.")
     max_ttl: int = Field(
         86400, gt=0, description="Longest TTL granted to a request's prompt_cache_retention, in seconds."
+    )
+    client_ttl: Literal["floor", "exact"] = Field(
+        "floor",
+        description="What a request's own TTL (Anthropic cache_control ttl, OpenAI prompt_cache_retention) "
+        "does: floor: lengthens retention, never shortens it below --ttl; exact: blocks expire at the TTL "
+        "the client asked, as on the hosted API.",
+    )
+    keep_client_metadata: bool = Field(
+        False,
+        description="Render known client metadata (Claude Code's x-anthropic-billing-header system block) "
+        "into the prompt as sent, instead of leaving it out.",
     )
     max_cache_bytes: Bytes | None = Field(
         None, gt=0, description="Byte budget of the blob store (default: half the free disk at start)."

@@ -15,6 +15,7 @@ from proxy.anthropic.named import messages_body
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content
 from proxy.anthropic.turns import check_body, messages_turn
+from proxy.config import Settings
 from proxy.http.auth import Tenant
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.prompts import layout, render_turn
@@ -27,16 +28,16 @@ from proxy.state import EngineDep, SettingsDep
 router = APIRouter()
 
 
-def accept(facts: ModelFacts, body: anthropic.MessagesRequest, tenant: str) -> Turn:
+def accept(facts: ModelFacts, body: anthropic.MessagesRequest, tenant: str, settings: Settings) -> Turn:
     """The body as a turn, once the server can serve it (run it off the event loop: it walks the
-    tools' schemas).
+    tools' schemas); known client metadata left out unless ``--keep-client-metadata``.
 
     Raises:
         OpenAIError: 404 for a model not served, 400 naming a field that cannot be honoured.
     """
     check_model(facts, body.model)
     check_body(body)
-    return messages_turn(body, tenant)
+    return messages_turn(body, tenant, keep_metadata=settings.keep_client_metadata)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -51,7 +52,7 @@ async def count_tokens(
     breakpoints included: one the template cannot render is the same 400)."""
     body = await messages_body(request, engine, body, tenant)
     tokenizer, facts = served_model(engine)
-    turn = await run_in_threadpool(accept, facts, body, tenant)
+    turn = await run_in_threadpool(accept, facts, body, tenant, settings)
 
     def rendered() -> int:
         prompt = render_turn(tokenizer, facts.vocab_size, turn)
@@ -71,13 +72,14 @@ async def messages(
 ) -> Any:
     body = await messages_body(request, engine, body, tenant)
     tokenizer, facts = served_model(engine)
-    turn = await run_in_threadpool(accept, facts, body, tenant)
+    turn = await run_in_threadpool(accept, facts, body, tenant, settings)
     try:
         begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
     except ContextExceeded as exc:
         raise context_error(exc) from None
     started, message_id = begun.started, new_id("msg", "_")
-    split = creation(begun.generation.cache_ttl_s, settings.ttl, started.done.cached_tokens, started.written)
+    # NOTE: split as the client asked, whatever longer TTL the blocks are kept under (--client-ttl)
+    split = creation(begun.asked_ttl, settings.ttl, started.done.cached_tokens, started.written)
     if body.stream:
         return event_stream(started, events(begun, message_id, body.model, split))
     answer = await finish_turn(begun, request)

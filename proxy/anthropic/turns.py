@@ -15,6 +15,7 @@ from proxy.anthropic.content import content_error, prefill
 from proxy.anthropic.protocol import TTL_S, ContentBlock, MessagesRequest
 from proxy.anthropic.tools import message_tools, tool_breakpoints
 from proxy.http.errors import OpenAIError
+from proxy.serving.metadata import LeftOut, leave_out
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
 from proxy.tools.rendering import TemplateMessage
 
@@ -40,9 +41,10 @@ def check_body(body: MessagesRequest) -> None:
             raise OpenAIError(400, broken[1], param=broken[0])
 
 
-def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
+def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = False) -> Turn:
     """The body as a turn: the template messages before any tool definitions go in
-    (``template_messages``), the tools and tool choice, a cache mark per
+    (``template_messages``; known client metadata left out of the system blocks unless
+    ``keep_metadata``: ``without_metadata``), the tools and tool choice, a cache mark per
     ``cache_control`` breakpoint (one on a tool definition counts only when there are tools to
     write: they come first in the prompt), the prefill, ``temperature``, ``top_p``,
     ``max_tokens`` (None for ``count_tokens``) and ``stop_sequences``.
@@ -51,6 +53,7 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
         OpenAIError: 400 naming a tool field that cannot be honoured
             (``proxy.anthropic.tools.message_tools``).
     """
+    body, left_out = (body, ()) if keep_metadata else without_metadata(body)
     extra = body.model_extra or {}
     tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
     messages, breakpoints = template_messages(body)
@@ -69,7 +72,30 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
         prefill=prefill(body),
         params=PARAMS,
         call_prefix=CALL_PREFIX,
+        left_out=left_out,
     )
+
+
+def without_metadata(body: MessagesRequest) -> tuple[MessagesRequest, tuple[LeftOut, ...]]:
+    """The body with the client metadata at the start of each ``system`` block (or of a
+    ``system`` string) left out (``proxy.serving.metadata``), and what was left out. A block
+    keeps its ``cache_control`` mark (its text may become empty); a system prompt that held
+    nothing else, and no mark, is left out whole, as if the body had none."""
+    if body.system is None:
+        return body, ()
+    if isinstance(body.system, str):
+        text, left = leave_out(body.system, "system")
+        return body.model_copy(update={"system": text or None}) if left else body, tuple(left)
+    blocks, left_out = [], []
+    for i, block in enumerate(body.system):
+        text, left = leave_out(block.text or "", f"system[{i}]") if block.type == "text" else ("", [])
+        blocks.append(block.model_copy(update={"text": text}) if left else block)
+        left_out += left
+    if not left_out:
+        return body, ()
+    if not any(b.text or b.cache_control or b.type != "text" for b in blocks):
+        return body.model_copy(update={"system": None}), tuple(left_out)
+    return body.model_copy(update={"system": blocks}), tuple(left_out)
 
 
 def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:

@@ -18,6 +18,7 @@ from proxy.openai.protocol import (
 )
 from proxy.openai.tools import answer_schema, chat_tools, check_history, function_tools
 from proxy.serving.facts import ModelFacts
+from proxy.serving.metadata import LeftOut, chat_without_metadata
 from proxy.serving.prompts import render_turn
 from proxy.serving.turn import Params, Sampling, Turn
 from proxy.serving.validation import cache_ttl, check_model
@@ -74,12 +75,18 @@ def chat_turn(
     params: Params = CHAT_PARAMS,
     prompt_of: Callable[[list[int]], list[int]] | None = None,
 ) -> Turn:
-    """A chat completion as a turn, with its tools and answer schema (``chat_answer``)."""
+    """A chat completion as a turn, with its tools and answer schema (``chat_answer``); known client
+    metadata at the start of a system message left out unless ``--keep-client-metadata``
+    (``proxy.serving.metadata``: such as an Anthropic client's header a gateway passed on)."""
     tools, schema = answer
+    messages = body.template_messages()
+    left_out: tuple[LeftOut, ...] = ()
+    if not settings.keep_client_metadata:
+        messages, left_out = chat_without_metadata(messages)
     return Turn(
         body.model,
         tenant,
-        messages=body.template_messages(),
+        messages=messages,
         tools=tools,
         schema=schema,
         sampling=sampling(body),
@@ -90,6 +97,7 @@ def chat_turn(
         template_kwargs=body.chat_template_kwargs,
         params=params,
         prompt_of=prompt_of,
+        left_out=left_out,
     )
 
 

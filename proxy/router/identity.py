@@ -40,6 +40,7 @@ from proxy.openai.tools import chat_tools
 from proxy.responses.items import chat_messages, input_items
 from proxy.responses.protocol import ResponsesRequest
 from proxy.router.policy import Endpoint
+from proxy.serving.metadata import chat_without_metadata
 from proxy.tools.formats import tool_format
 from proxy.tools.prompt import tool_messages
 from proxy.tools.rendering import RenderError, TemplateMessage, render_chat
@@ -180,7 +181,8 @@ def _chat(kind: Endpoint, body: dict[str, Any]) -> Chat | None:
             )
         else:
             chat = ChatCompletionRequest.model_validate(body)
-        return chat.template_messages(), chat_tools(chat) if chat.tools else None
+        # NOTE: without the client metadata a replica leaves out by default (proxy.serving.metadata)
+        return chat_without_metadata(chat.template_messages())[0], chat_tools(chat) if chat.tools else None
     except (OpenAIError, ValueError, TypeError):
         return None
 

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.requests import PrefillDone
 from hashing import BLOCK_SIZE, num_full_blocks
 from proxy.serving.facts import ModelFacts
+from proxy.serving.metadata import LeftOut
 from store.admin_interface import CacheAdmin
 from store.outcomes import CacheKind, MissReason
 
@@ -61,7 +62,9 @@ class Divergence:
 
 @dataclass(frozen=True)
 class Explanation:
-    """One request's cache outcome, explained (its JSON: ``as_json``, keys in this order)."""
+    """One request's cache outcome, explained (its JSON: ``as_json``, keys in this order);
+    ``left_out``: the client metadata left out of the prompt (``proxy.serving.metadata``), each as
+    ``{"rule": ..., "param": ...}``."""
 
     cache: CacheKind
     prompt_tokens: int
@@ -75,6 +78,7 @@ class Explanation:
     divergence: Divergence | None
     load_seconds: float
     prefill_seconds: float
+    left_out: tuple[LeftOut, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

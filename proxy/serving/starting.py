@@ -25,7 +25,7 @@ from proxy.serving.facts import ModelFacts
 from proxy.serving.prompts import layout, render_turn
 from proxy.serving.running import Started, complete, start
 from proxy.serving.turn import Rendered, Sampling, Turn, Usage
-from proxy.serving.validation import check_model, completion_budget, token_bias
+from proxy.serving.validation import check_model, completion_budget, kept_ttl, token_bias
 from proxy.tools.answer import AnswerPlan, plan_answer
 from proxy.tools.prompt import tools_span
 from proxy.tools.rendering import TemplateMessage
@@ -36,13 +36,16 @@ from store.interface import TtlPlan
 @dataclass(frozen=True)
 class Begun:
     """A started turn: its prompt, how its answer is read, the engine's request and the running
-    request (whose ``done`` says what was cached)."""
+    request (whose ``done`` says what was cached), and the TTL plan its client asked
+    (``asked_ttl``: the hosted accounting of its usage; its blocks are kept as
+    ``generation.cache_ttl_s``, ``proxy.serving.validation.kept_ttl``)."""
 
     turn: Turn
     prompt: Rendered
     plan: AnswerPlan
     generation: GenerationRequest
     started: Started
+    asked_ttl: TtlPlan = None
 
     def usage(self, completion_tokens: int) -> Usage:
         """The turn's usage once ``completion_tokens`` were generated."""
@@ -70,9 +73,10 @@ async def start_turn(
     turn: Turn, request: Request, engine: Engine, tokenizer: Any, facts: ModelFacts, settings: Settings
 ) -> Begun:
     """Check, render and start ``turn``: its model; off the event loop, its prompt (``render_turn``),
-    its TTL plan and tail boundaries (``layout``) and its answer's grammar (``plan_answer``);
-    then the engine's request, submitted, with render-ahead of the next turn's start (chats) and
-    the tool definitions' span for an explanation. Returns once the prompt is computed.
+    its TTL plan and tail boundaries (``layout``; the blocks kept as ``kept_ttl`` says) and its
+    answer's grammar (``plan_answer``); then the engine's request, submitted, with render-ahead
+    of the next turn's start (chats) and the tool definitions' span for an explanation (which
+    also names the client metadata the dialect left out). Returns once the prompt is computed.
 
     Raises:
         OpenAIError: 404 for a model not served; 400 naming the field (``Turn.params``) the
@@ -95,8 +99,8 @@ async def start_turn(
         )
         return prompt, ttl, boundaries, plan
 
-    prompt, ttl, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
-    generation = generation_request(facts, settings, turn, prompt.ids, ttl)
+    prompt, asked, boundaries, plan = await run_in_threadpool(prepare)  # NOTE: big prompts take a while
+    generation = generation_request(facts, settings, turn, prompt.ids, kept_ttl(settings, asked))
     generation = dataclasses.replace(generation, boundaries=boundaries, grammar=plan.grammar)
     ahead, span = None, None
     if turn.messages is not None:
@@ -109,7 +113,9 @@ async def start_turn(
             raw, tools, fmt = turn.messages, turn.tools, plan.format
             span = partial(tools_span, tokenizer, raw, tools, fmt, prompt.ids, prompt.data)
     started = await start(request, engine, tokenizer, facts, generation, ahead, span)
-    return Begun(turn, prompt, plan, generation, started)
+    if started.explanation is not None and turn.left_out:
+        started.explanation = dataclasses.replace(started.explanation, left_out=turn.left_out)
+    return Begun(turn, prompt, plan, generation, started, asked)
 
 
 def _continued(ahead: Callable[[str], object], prefilled: str, answer: str) -> object:

@@ -22,6 +22,8 @@ How a dialect fills a turn:
   (``proxy.serving.prompts.ttl_plan``, each TTL capped at ``--max-ttl``) and tail boundaries.
 - ``prefill``: the text of a final assistant message that the answer continues
   (``continue_final_message``); render-ahead then sees the whole assistant turn.
+- ``left_out``: the client metadata (``proxy.serving.metadata``) the dialect left out of the
+  system texts, unless ``--keep-client-metadata``.
 
 For Anthropic's Messages API: ``messages`` from the body's ``system`` and turns, its
 ``cache_control`` breakpoints as ``marks`` (``CacheMark(index, ttl)`` for a message,
@@ -37,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.serving.metadata import LeftOut
 from proxy.tools.rendering import TemplateMessage
 from proxy.tools.spec import OpenAITool, ToolSet
 
@@ -102,6 +105,8 @@ class Turn:
         call_prefix: the prefix of the ids given to the answer's tool calls.
         prompt_of: the prompt to compute for the chat's rendered ids (default: those ids), e.g. a
             conversation's stored ids continued (``proxy.responses``).
+        left_out: client metadata the dialect left out of ``messages``
+            (``proxy.serving.metadata``), reported by the explanation.
     """
 
     model: str
@@ -123,6 +128,7 @@ class Turn:
     params: Params = field(default_factory=Params)
     call_prefix: str = "call_"
     prompt_of: Callable[[list[int]], list[int]] | None = None
+    left_out: tuple[LeftOut, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,15 @@ replica does)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
 from proxy.http.numbers import is_count
 from proxy.serving.facts import ModelFacts
+
+if TYPE_CHECKING:  # NOTE: store.interface loads torch
+    from store.interface import TtlPlan
 
 RETENTION_S = {"24h": 86_400}
 """OpenAI's ``prompt_cache_retention`` values in seconds (``"in_memory"``: the server's TTL)."""
@@ -75,6 +79,24 @@ class ContextExceeded(OpenAIError):
     def prompt_alone(self) -> bool:
         """Whether the prompt alone is over ``max_prompt_tokens`` (else with ``max_tokens``)."""
         return self.prompt_tokens > self.max_prompt_tokens
+
+
+def kept_ttl(settings: Settings, asked: TtlPlan) -> TtlPlan:
+    """The TTL plan a turn's blocks are kept under, given the plan its client asked (``Turn.ttl``
+    or its cache marks, each capped at ``--max-ttl``; None: the server's ``--ttl``).
+
+    ``--client-ttl floor`` (the default): a client's TTL lengthens retention but never shortens
+    it below the server's ``--ttl``. NOTE: a hosted API's TTL bounds what the client pays for;
+    on a local server a shorter TTL would only free memory early, and lose a session resumed
+    after a pause (Claude Code marks its breakpoints with the 5-minute default).
+    ``--client-ttl exact``: as asked, as the hosted APIs expire it.
+    """
+    if settings.client_ttl == "exact" or asked is None:
+        return asked
+    floor = min(settings.ttl, settings.max_ttl)
+    if isinstance(asked, int):
+        return max(asked, floor)
+    return tuple(None if ttl is None else max(ttl, floor) for ttl in asked)
 
 
 def check_prompt_length(facts: ModelFacts, n: int, param: str) -> None:

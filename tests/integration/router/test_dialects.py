@@ -106,20 +106,22 @@ def test_tokenize_detokenize_count_tokens_and_version_pass_through(routed) -> No
 
 def test_each_dialect_hashes_as_the_replica_renders(routed, tiny_model) -> None:
     """The router's token ids for a Messages body and a Responses body are the prompt the
-    replica computes for it (its reported prompt length)."""
+    replica computes for it (its reported prompt length), client metadata left out as the replica
+    leaves it out (``proxy.serving.metadata``)."""
     front, _ = routed
     identity = front.app.state.router.identity
+    billing = "x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=cli; cch=1c8b4;"
     messages = {
         "model": "tiny",
         "max_tokens": 4,
-        "system": "be kind",
+        "system": [{"type": "text", "text": billing}, {"type": "text", "text": "be kind"}],
         "messages": [{"role": "user", "content": "hi"}],
     }
     reply = httpx.post(f"{front.base_url}/v1/messages", json=messages).json()
     used = reply["usage"]
     prompt = used["input_tokens"] + used["cache_read_input_tokens"] + used["cache_creation_input_tokens"]
     assert identity.prompt("messages", messages, "t").prompt_tokens == prompt
-    responses = {"model": "tiny", "instructions": "be kind", "input": "hi", "max_output_tokens": 4}
+    responses = {"model": "tiny", "instructions": billing + "be kind", "input": "hi", "max_output_tokens": 4}
     reply = httpx.post(f"{front.base_url}/v1/responses", json=responses).json()
     assert identity.prompt("responses", responses, "t").prompt_tokens == reply["usage"]["input_tokens"]
 

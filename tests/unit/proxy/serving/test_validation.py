@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from proxy.config import Settings
 from proxy.openai.protocol import ChatCompletionRequest, CompletionRequest, usage
-from proxy.serving.validation import cache_ttl, token_bias
+from proxy.serving.validation import cache_ttl, kept_ttl, token_bias
 
 
 def test_retention_is_the_server_ttl_or_a_day_capped_by_max_ttl() -> None:
@@ -15,6 +15,18 @@ def test_retention_is_the_server_ttl_or_a_day_capped_by_max_ttl() -> None:
     assert cache_ttl(settings, None) == cache_ttl(settings, "in_memory") == 600
     assert cache_ttl(settings, "24h") == 3600
     assert cache_ttl(Settings(ttl=600, max_ttl=10**6), "24h") == 86_400
+
+
+def test_a_client_ttl_lengthens_retention_but_never_shortens_it() -> None:
+    """``--client-ttl floor``: each TTL of a plan at least ``--ttl`` (``--max-ttl`` bounding it),
+    the server's own (None) left as it is; ``exact``: the plan as asked."""
+    floor = Settings(ttl=3600, max_ttl=86_400)
+    assert kept_ttl(floor, (300, 300, None)) == (3600, 3600, None)
+    assert kept_ttl(floor, (7200, 300)) == (7200, 3600)
+    assert kept_ttl(floor, 300) == 3600 and kept_ttl(floor, None) is None
+    assert kept_ttl(Settings(ttl=3600, max_ttl=600), (300,)) == (600,)
+    exact = Settings(ttl=3600, client_ttl="exact")
+    assert kept_ttl(exact, (300, None)) == (300, None) and kept_ttl(exact, 300) == 300
 
 
 @pytest.mark.parametrize(
