@@ -10,9 +10,10 @@ response's output, then this request's input. With ``store`` (the default) it is
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -25,10 +26,13 @@ from proxy.openai.chat import start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
 from proxy.responses.events import events
-from proxy.responses.items import chat_messages, check_calls, input_items, output_items
+from proxy.responses.history import chat_messages, check_calls
+from proxy.responses.items import input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
+from proxy.responses.tools import WARNING_HEADER, ToolPlan, tool_plan
+from proxy.responses.window import context_ended, context_error, failed_error
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
@@ -40,6 +44,7 @@ from store.index.redis.faults import redis_fault
 
 log = logging.getLogger(__name__)
 router = APIRouter()
+ResponseT = TypeVar("ResponseT", bound=Response)
 PARAMS = Params("messages", "tools[{i}].parameters", "text.format.schema")
 """Where a bad prompt, a bad tool schema and a bad answer schema are reported (the prompt's
 field as the chat's: ``responses_param`` names it as this request's)."""
@@ -107,20 +112,21 @@ async def start_response(
     tenant: str,
     messages: list[TemplateMessage],
     previous: StoredResponse | None,
+    tools: ToolPlan,
 ) -> tuple[ChatCompletionRequest, Begun]:
-    """Start the chat completion of ``messages`` (continuing ``previous``'s stored ids), errors
-    named as the Responses request names its fields."""
+    """Start the chat completion of ``messages`` with the functions ``tools`` offers (continuing
+    ``previous``'s stored ids), errors named as the Responses request names its fields."""
     after = previous.continuation if previous is not None else None
     try:
-        chat = body.chat_request(messages)
+        chat = body.chat_request(messages, tools)
         prompt_of = after.prompt if after is not None else None
         turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, prompt_of)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = responses_param(".".join(str(p) for p in first.get("loc", ())) or None)
+        param = tools.param(responses_param(".".join(str(p) for p in first.get("loc", ())) or None))
         raise OpenAIError(400, f"{param}: {first.get('msg')}", param=param) from None
     except OpenAIError as exc:
-        exc.param = responses_param(exc.param)
+        exc.param = tools.param(responses_param(exc.param))
         raise
     return chat, turn
 
@@ -139,6 +145,7 @@ async def create(
         param, reason = unsupported
         code = "unsupported_parameter" if param in UNSUPPORTED else None
         raise OpenAIError(400, reason, param=param, code=code)
+    tools = tool_plan(body.tools)
     previous = None
     if body.previous_response_id is not None:
         previous = await stored(responses, tenant, body.previous_response_id, "previous_response_id")
@@ -147,13 +154,27 @@ async def create(
     check_calls(history, items)
     system = body.system_messages()
     chat, turn = await start_response(
-        body, request, engine, settings, tenant, system + history + chat_messages(items), previous
+        body, request, engine, settings, tenant, system + history + chat_messages(items), previous, tools
     )
     response, served = skeleton(new_id("resp", "_"), body), served_model(engine)
+    window = served.facts.context_length
+
+    def ended(finished: Finished) -> bool:
+        counts = turn.started.usage(finished.completion_tokens)
+        return context_ended(finished, counts, window, body.max_output_tokens)
 
     async def finish(
         output: list[OutputItem], finished: Finished, generated: list[int], text: str
     ) -> ResponseObject:
+        if ended(finished):
+            counts = turn.started.usage(finished.completion_tokens)
+            error = failed_error(counts, window)
+            return response | {
+                "status": "failed",
+                "error": error,
+                "usage": usage(counts),
+                "completed_at": now(),
+            }
         whole = finished.finish_reason != "length"
         response["status"] = "completed" if whole else "incomplete"
         response["incomplete_details"] = None if whole else {"reason": "max_output_tokens"}
@@ -183,11 +204,23 @@ async def create(
         return response
 
     if body.stream:
-        return event_stream(turn.started, events(turn.started, turn.plan, response.copy(), finish))
+        streamed = events(turn.started, turn.plan, response.copy(), finish, tools, ended)
+        return warned(event_stream(turn.started, streamed), tools)
     result = await finish_turn(turn, request)
-    output = output_items(result.text, result.calls, result.finish_reason != "length")
+    if ended(result.finished):
+        raise context_error(result.usage, window)
+    output = output_items(result.text, result.calls, result.finish_reason != "length", tools)
     generated = [t.token_id for t in result.tokens]
-    return json_response(turn.started, await finish(output, result.finished, generated, result.raw))
+    return warned(
+        json_response(turn.started, await finish(output, result.finished, generated, result.raw)), tools
+    )
+
+
+def warned(answer: ResponseT, tools: ToolPlan) -> ResponseT:
+    """``answer`` with ``WARNING_HEADER`` naming the tools left out, if any."""
+    if (warning := tools.warning()) is not None:
+        answer.headers[WARNING_HEADER] = warning
+    return answer
 
 
 @router.get("/v1/responses/{response_id}")
