@@ -109,7 +109,7 @@ class ResponsesRequest(BaseModel):
         self, messages: list[TemplateMessage], plan: ToolPlan | None = None
     ) -> ChatCompletionRequest:
         """This request as the chat completion of ``messages`` (``system_messages``, any stored
-        conversation, then the input items as ``proxy.responses.items.chat_messages`` writes
+        conversation, then the input items as ``proxy.responses.history.chat_messages`` writes
         them): what ``/v1/responses`` starts, and what ``kvproxy route`` renders.
 
         Raises:

@@ -10,10 +10,9 @@ response's output, then this request's input. With ``store`` (the default) it is
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -31,7 +30,7 @@ from proxy.responses.items import input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
-from proxy.responses.tools import WARNING_HEADER, ToolPlan, tool_plan
+from proxy.responses.tools import ToolPlan, tool_plan, warned
 from proxy.responses.window import context_ended, context_error, failed_error
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
@@ -44,7 +43,6 @@ from store.index.redis.faults import redis_fault
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-ResponseT = TypeVar("ResponseT", bound=Response)
 PARAMS = Params("messages", "tools[{i}].parameters", "text.format.schema")
 """Where a bad prompt, a bad tool schema and a bad answer schema are reported (the prompt's
 field as the chat's: ``responses_param`` names it as this request's)."""
@@ -214,13 +212,6 @@ async def create(
     return warned(
         json_response(turn.started, await finish(output, result.finished, generated, result.raw)), tools
     )
-
-
-def warned(answer: ResponseT, tools: ToolPlan) -> ResponseT:
-    """``answer`` with ``WARNING_HEADER`` naming the tools left out, if any."""
-    if (warning := tools.warning()) is not None:
-        answer.headers[WARNING_HEADER] = warning
-    return answer
 
 
 @router.get("/v1/responses/{response_id}")

@@ -18,7 +18,9 @@ tools; the ``function_call`` item's ``namespace``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from starlette.responses import Response
 
 from proxy.http.errors import OpenAIError
 
@@ -27,6 +29,7 @@ WARNING_HEADER = "x-kvproxy-warning"
 NAMESPACE_SEPARATOR = "__"
 """Between a namespace and a function's name in the name the model sees (``a-z0-9_-`` only, as
 a function's name is)."""
+ResponseT = TypeVar("ResponseT", bound=Response)
 
 
 def flat_name(name: str, namespace: str | None) -> str:
@@ -151,3 +154,10 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     raise OpenAIError(
         400, "tool_choice is auto, none, required or {type: function, name}", param="tool_choice"
     )
+
+
+def warned(answer: ResponseT, plan: ToolPlan) -> ResponseT:
+    """``answer`` with ``WARNING_HEADER`` naming the tools ``plan`` left out, if any."""
+    if (warning := plan.warning()) is not None:
+        answer.headers[WARNING_HEADER] = warning
+    return answer
