@@ -30,7 +30,7 @@ from proxy.responses.items import input_items, output_items
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
-from proxy.responses.tools import ToolPlan, tool_plan, warned
+from proxy.responses.tools import ToolPlan, add_warning, tool_plan
 from proxy.responses.window import context_ended, context_error, failed_error
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
@@ -155,6 +155,7 @@ async def create(
         body, request, engine, settings, tenant, system + history + chat_messages(items), previous, tools
     )
     response, served = skeleton(new_id("resp", "_"), body), served_model(engine)
+    add_warning(turn.started.headers, tools)
     window = served.facts.context_length
 
     def ended(finished: Finished) -> bool:
@@ -203,15 +204,13 @@ async def create(
 
     if body.stream:
         streamed = events(turn.started, turn.plan, response.copy(), finish, tools, ended)
-        return warned(event_stream(turn.started, streamed), tools)
+        return event_stream(turn.started, streamed)
     result = await finish_turn(turn, request)
     if ended(result.finished):
         raise context_error(result.usage, window)
     output = output_items(result.text, result.calls, result.finish_reason != "length", tools)
     generated = [t.token_id for t in result.tokens]
-    return warned(
-        json_response(turn.started, await finish(output, result.finished, generated, result.raw)), tools
-    )
+    return json_response(turn.started, await finish(output, result.finished, generated, result.raw))
 
 
 @router.get("/v1/responses/{response_id}")

@@ -9,7 +9,8 @@ namespaces flattened into their functions, and the tools kvproxy cannot run left
 - Hosted tools the server would run itself (``web_search``, ``file_search``, ``code_interpreter``,
   ``image_generation``, ``computer_use_preview``, ``mcp``, ``local_shell``, ``shell``,
   ``apply_patch``, ``tool_search``, ...) and ``custom`` (free-form) tools are not offered to the
-  model: the answer goes on without them, and the response names them in ``WARNING_HEADER``.
+  model: the answer goes on without them, and the response names them in ``x-kvproxy-warning``
+  (``proxy.http.warnings``).
 
 Source: the OpenAI API reference, Responses (tools: function, namespace, custom and the hosted
 tools; the ``function_call`` item's ``namespace``).
@@ -18,18 +19,14 @@ tools; the ``function_call`` item's ``namespace``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-from starlette.responses import Response
+from typing import Any
 
 from proxy.http.errors import OpenAIError
+from proxy.http.warnings import WARNING_HEADER, warning_headers
 
-WARNING_HEADER = "x-kvproxy-warning"
-"""The response header that names what kvproxy left out of a request it still served."""
 NAMESPACE_SEPARATOR = "__"
 """Between a namespace and a function's name in the name the model sees (``a-z0-9_-`` only, as
 a function's name is)."""
-ResponseT = TypeVar("ResponseT", bound=Response)
 
 
 def flat_name(name: str, namespace: str | None) -> str:
@@ -74,7 +71,7 @@ class ToolPlan:
         return self.origins[int(index)] + rest.replace(".function.", ".", 1).removeprefix(".function")
 
     def _offer(self, tool: dict[str, Any], origin: str, namespace: str | None = None) -> None:
-        function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         if namespace is not None and isinstance(tool.get("name"), str):
             function["name"] = flat_name(tool["name"], namespace)
             self.namespaced[function["name"]] = (tool["name"], namespace)
@@ -156,8 +153,9 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     )
 
 
-def warned(answer: ResponseT, plan: ToolPlan) -> ResponseT:
-    """``answer`` with ``WARNING_HEADER`` naming the tools ``plan`` left out, if any."""
+def add_warning(headers: dict[str, str], plan: ToolPlan) -> None:
+    """Name the tools ``plan`` left out in ``headers``' ``x-kvproxy-warning``, after the
+    warnings it already holds (``proxy.http.warnings``)."""
     if (warning := plan.warning()) is not None:
-        answer.headers[WARNING_HEADER] = warning
-    return answer
+        held = [headers[WARNING_HEADER]] if WARNING_HEADER in headers else []
+        headers.update(warning_headers([*held, warning]))
