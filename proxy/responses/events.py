@@ -6,8 +6,9 @@
         response.content_part.done; for a call response.function_call_arguments.delta...,
         response.function_call_arguments.done; then response.output_item.done,
     response.completed (response.incomplete when it ran out of ``max_output_tokens``;
-    response.failed when it failed, or when the context window ended it: ``proxy.responses.window``,
-    the open item then left open, so that a client runs no call cut short)
+    response.failed when it failed; an ``error`` event and response.failed when the context
+    window ended it, ``proxy.responses.window``, the open item then left open, so that a client
+    runs no call cut short)
 
 Each event is ``event: {type}`` and ``data: {json}`` with a ``sequence_number``; no ``[DONE]``.
 Source: the OpenAI API reference, Responses streaming events.
@@ -36,8 +37,8 @@ when the context window ended it)."""
 class ResponseEvents:
     """The events of one response as its answer's pieces arrive (``events``)."""
 
-    def __init__(self, tools: ToolPlan) -> None:
-        self.tools = tools
+    def __init__(self, tools: ToolPlan | None = None) -> None:
+        self.tools = ToolPlan() if tools is None else tools
         self.sequence = 0
         self.output: list[OutputItem] = []
         self._open: OutputItem | None = None
@@ -65,6 +66,17 @@ class ResponseEvents:
                 self._open["arguments"] += piece.text
                 out.append(self._delta("response.function_call_arguments.delta", piece.text))
         return out
+
+    def failure(self, failed: ResponseObject) -> list[str]:
+        """The events of a request the context window ended (``failed``'s ``error``): an
+        ``error`` event, then ``response.failed``, as the hosted API ends such a stream."""
+        error = failed["error"]
+        assert error is not None
+        fields = {"code": error["code"], "message": error["message"], "param": "input"}
+        # NOTE: the reference documents the error event's fields flat; the hosted API has been seen
+        # sending them under ``error`` (the openai SDKs raise it as an APIError): both are here
+        said = self.event("error", **fields, error={"type": "invalid_request_error", **fields})
+        return [said, self.event("response.failed", response=failed)]
 
     def end(self, complete: bool) -> list[str]:
         """Close the open item (a message with no text when there was none at all)."""
@@ -144,7 +156,8 @@ async def events(
                     yield said
             elif isinstance(event, Finished) and ended(event):
                 failed = await finish([], event, generated, "".join(text) + event.text)
-                yield writer.event("response.failed", response=failed)
+                for said in writer.failure(failed):
+                    yield said
             elif isinstance(event, Finished):
                 pieces, _ = answer.finish(event.text)
                 complete = event.finish_reason != "length"

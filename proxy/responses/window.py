@@ -4,8 +4,8 @@ grown past the window, so that agents recover (compact their history and go on).
 A request that sets no ``max_output_tokens`` asks for an answer up to the context; when the
 window, not the server's ``--default-max-tokens``, ends it, the conversation no longer fits:
 Codex compacts on the error code ``context_length_exceeded`` (a streamed ``response.failed``
-whose ``response.error.code`` it is: openai/codex, ``codex-api`` SSE handling) and fails the
-turn on ``response.incomplete``. A request that sets ``max_output_tokens`` asked for that many
+whose ``response.error.code`` it is: openai/codex, ``codex-api`` SSE handling; the stream's
+events, ``proxy.responses.events``) and fails the turn on ``response.incomplete``. A request that sets ``max_output_tokens`` asked for that many
 tokens at most; running out of them stays ``incomplete`` (``max_output_tokens``).
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -214,19 +215,25 @@ LONG_CALL = {
 
 def test_context_window_end_is_context_length_exceeded(settings, tiny_model, serve) -> None:
     """An answer the context window ends, with no ``max_output_tokens`` set, is reported as the
-    hosted API reports a conversation past the window: streamed, ``response.failed`` with
-    ``error.code`` ``context_length_exceeded`` (the call cut short never reported done);
+    hosted API reports a conversation past the window: streamed, an ``error`` event and
+    ``response.failed`` with ``error.code`` ``context_length_exceeded`` (what Codex compacts on;
+    the call cut short never reported done);
     not streamed, a 400 with that code. With ``max_output_tokens`` set it stays ``incomplete``."""
     model = dataclasses.replace(tiny_model, context_length=640)
     kwargs = {**GREEDY, "input": "write it", "tools": [LONG_CALL], "tool_choice": "required"}
     with serve(settings, model) as server:
         api = client(server)
-        events = list(api.responses.create(**kwargs, stream=True))
-        assert events[-1].type == "response.failed"
-        failed = events[-1].response
-        assert failed.status == "failed" and failed.error.code == "context_length_exceeded"
-        assert failed.usage.input_tokens + failed.usage.output_tokens == 640
-        assert not [e for e in events if e.type == "response.output_item.done"]
+        stream = httpx.post(f"{server.base_url}/v1/responses", json={**kwargs, "stream": True}, timeout=600)
+        events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: ")]
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        assert events[-2]["error"]["code"] == "context_length_exceeded"
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded"
+        assert failed["usage"]["input_tokens"] + failed["usage"]["output_tokens"] == 640
+        assert not [e for e in events if e["type"] == "response.output_item.done"]
+        with pytest.raises(openai.APIError) as streamed:  # NOTE: the SDK raises the error event
+            list(api.responses.create(**kwargs, stream=True))
+        assert streamed.value.code == "context_length_exceeded"
         with pytest.raises(openai.BadRequestError) as err:
             api.responses.create(**kwargs)
         assert err.value.code == "context_length_exceeded" and err.value.body["param"] == "input"
