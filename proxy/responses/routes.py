@@ -31,7 +31,7 @@ from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_pa
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
 from proxy.responses.tools import ToolPlan, add_warning, tool_plan
-from proxy.responses.window import context_ended, context_error, failed_error
+from proxy.responses.window import context_ended, ended_error, failed_error
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
@@ -207,7 +207,7 @@ async def create(
         return event_stream(turn.started, streamed)
     result = await finish_turn(turn, request)
     if ended(result.finished):
-        raise context_error(result.usage, window)
+        raise ended_error(result.usage, window)
     output = output_items(result.text, result.calls, result.finish_reason != "length", tools)
     generated = [t.token_id for t in result.tokens]
     return json_response(turn.started, await finish(output, result.finished, generated, result.raw))

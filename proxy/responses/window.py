@@ -5,8 +5,9 @@ A request that sets no ``max_output_tokens`` asks for an answer up to the contex
 window, not the server's ``--default-max-tokens``, ends it, the conversation no longer fits:
 Codex compacts on the error code ``context_length_exceeded`` (a streamed ``response.failed``
 whose ``response.error.code`` it is: openai/codex, ``codex-api`` SSE handling; the stream's
-events, ``proxy.responses.events``) and fails the turn on ``response.incomplete``. A request that sets ``max_output_tokens`` asked for that many
-tokens at most; running out of them stays ``incomplete`` (``max_output_tokens``).
+events, ``proxy.responses.events``) and fails the turn on ``response.incomplete``. A request
+that sets ``max_output_tokens`` asked for that many tokens at most; running out of them stays
+``incomplete`` (``max_output_tokens``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,6 @@ def failed_error(usage: Usage, context_length: int) -> ResponseError:
     return {"code": CODE, "message": _detail(usage, context_length)}
 
 
-def context_error(usage: Usage, context_length: int) -> OpenAIError:
+def ended_error(usage: Usage, context_length: int) -> OpenAIError:
     """The 400 a non-streamed response the window ended is answered with (``param`` ``input``)."""
     return OpenAIError(400, _detail(usage, context_length), param="input", code=CODE)
