@@ -84,7 +84,8 @@ def function_tools(definitions: list[Any] | None) -> list[Tool]:
 def check_history(messages: list[ChatMessage]) -> None:
     """The history's calls and results are well formed: each call a function with a name and
     JSON arguments (a string, as OpenAI sends them), each ``tool`` message the answer to a call
-    made before it.
+    made before it, or, without a ``tool_call_id``, a result naming its tool (``name``: the
+    Responses API's result of no call, ``proxy.responses.history``).
 
     Raises:
         OpenAIError: 400 naming the message's field.
@@ -104,7 +105,8 @@ def check_history(messages: list[ChatMessage]) -> None:
                 )
                 raise OpenAIError(400, reason, param=f"{param}.arguments")
             made.add(call.get("id"))
-        if message.role == "tool" and message.tool_call_id not in made:
+        by_name = message.tool_call_id is None and bool(message.name)
+        if message.role == "tool" and message.tool_call_id not in made and not by_name:
             reason = "a tool message answers a tool call made before it (its tool_call_id)"
             raise OpenAIError(400, reason, param=f"messages[{i}].tool_call_id")
 

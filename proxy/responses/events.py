@@ -5,7 +5,10 @@
         response.content_part.added, response.output_text.delta..., response.output_text.done,
         response.content_part.done; for a call response.function_call_arguments.delta...,
         response.function_call_arguments.done; then response.output_item.done,
-    response.completed (response.incomplete when it ran out of ``max_output_tokens``; response.failed)
+    response.completed (response.incomplete when it ran out of ``max_output_tokens``;
+    response.failed when it failed; an ``error`` event and response.failed when the context
+    window ended it, ``proxy.responses.limits``, the open item then left open, so that a client
+    runs no call cut short)
 
 Each event is ``event: {type}`` and ``data: {json}`` with a ``sequence_number``; no ``[DONE]``.
 Source: the OpenAI API reference, Responses streaming events.
@@ -20,19 +23,22 @@ from typing import Any
 from engine.requests import Failed, Finished, TokenDelta
 from proxy.responses.items import call_item, message_item, text_part
 from proxy.responses.replies import ItemPlace, OutputItem, ResponseError, ResponseObject
+from proxy.responses.tools import ToolPlan
 from proxy.serving.running import Started
 from proxy.tools.answer import AnswerPlan
 from proxy.tools.spec import Arguments, CallStart, Piece, Text, call_id
 
 Finish = Callable[[list[OutputItem], Finished, list[int], str], Awaitable[ResponseObject]]
 """Completes the response from its output items, the ``Finished`` event, the generated token ids
-and their text (and stores it); returns the response object."""
+and their text (and stores it); returns the response object (``status`` failed, nothing stored,
+when the context window ended it)."""
 
 
 class ResponseEvents:
     """The events of one response as its answer's pieces arrive (``events``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tools: ToolPlan | None = None) -> None:
+        self.tools = ToolPlan() if tools is None else tools
         self.sequence = 0
         self.output: list[OutputItem] = []
         self._open: OutputItem | None = None
@@ -52,12 +58,26 @@ class ResponseEvents:
                 self._open["content"][0]["text"] += piece.text
                 out.append(self._delta("response.output_text.delta", piece.text))
             elif isinstance(piece, CallStart):
-                out += self._close() + self._add(call_item(call_id("fc_"), piece.id, piece.name, "", False))
+                name, namespace = self.tools.call_name(piece.name)
+                call = call_item(call_id("fc_"), piece.id, name, "", False, namespace)
+                out += self._close() + self._add(call)
             elif isinstance(piece, Arguments) and self._open is not None:
                 assert self._open["type"] == "function_call"  # NOTE: a call's arguments follow its start
                 self._open["arguments"] += piece.text
                 out.append(self._delta("response.function_call_arguments.delta", piece.text))
         return out
+
+    def failure(self, failed: ResponseObject, param: str | None = "input") -> list[str]:
+        """The events of a request over the context window (``failed``'s ``error``; ``param``
+        the field it names): an ``error`` event, then ``response.failed``, as the hosted API ends
+        such a stream."""
+        error = failed["error"]
+        assert error is not None
+        fields = {"code": error["code"], "message": error["message"], "param": param}
+        # NOTE: the reference documents the error event's fields flat; the hosted API has been seen
+        # sending them under ``error`` (the openai SDKs raise it as an APIError): both are here
+        said = self.event("error", **fields, error={"type": "invalid_request_error", **fields})
+        return [said, self.event("response.failed", response=failed)]
 
     def end(self, complete: bool) -> list[str]:
         """Close the open item (a message with no text when there was none at all)."""
@@ -115,11 +135,17 @@ class ResponseEvents:
 
 
 async def events(
-    started: Started, plan: AnswerPlan, response: ResponseObject, finish: Finish
+    started: Started,
+    plan: AnswerPlan,
+    response: ResponseObject,
+    finish: Finish,
+    tools: ToolPlan,
+    ended: Callable[[Finished], bool],
 ) -> AsyncIterator[str]:
-    """The response's events; ``finish`` completes (and stores) it at the end. A client that
+    """The response's events (calls named as ``tools`` offered them); ``finish`` completes (and
+    stores) it at the end; ``ended`` says whether the context window ended it. A client that
     goes away cancels the generation, and nothing is stored."""
-    writer, answer, generated, text = ResponseEvents(), plan.stream(), [], []
+    writer, answer, generated, text = ResponseEvents(tools), plan.stream(), [], []
     try:
         yield writer.event("response.created", response=response)
         yield writer.event("response.in_progress", response=response)
@@ -128,6 +154,10 @@ async def events(
                 generated.append(event.token_id)
                 text.append(event.text)
                 for said in writer.pieces(answer.feed(event.text)):
+                    yield said
+            elif isinstance(event, Finished) and ended(event):
+                failed = await finish([], event, generated, "".join(text) + event.text)
+                for said in writer.failure(failed):
                     yield said
             elif isinstance(event, Finished):
                 pieces, _ = answer.finish(event.text)

@@ -1,33 +1,34 @@
 """Responses items: the ``input`` a client sends, written the one way kvproxy keeps them (each
-with an id, as ``input_items`` lists them), as chat messages (what the chat template renders),
-and the ``output`` items of an answer.
+with an id, as ``input_items`` lists them), and the ``output`` items of an answer
+(``proxy.responses.history`` renders both as chat messages).
 
 Input items served: messages (``user``, ``system``, ``developer``, ``assistant``; text parts
-``input_text``, ``output_text`` and an assistant's ``refusal``), ``function_call`` and
-``function_call_output``. A ``function_call`` and the assistant message before it are one
-assistant turn with tool calls, as the chat API writes it. Source: the OpenAI API reference,
-Responses (input items; output).
+``input_text``, ``output_text`` and an assistant's ``refusal``), ``function_call`` (with the
+``namespace`` of its function, if any) and ``function_call_output`` (answering its ``call_id``,
+or without one naming its tool), and every other item a client keeps in its history
+(``history.CALLS``, ``history.OUTPUTS``, ``history.NOT_SHOWN``), kept as sent. Source: the
+OpenAI API reference, Responses (input items; output).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from proxy.http.errors import OpenAIError
+from proxy.responses.history import CALLS, NOT_SHOWN, OUTPUTS, answered
 from proxy.responses.replies import (
     FunctionCall,
+    FunctionCallOutput,
     InputItem,
-    Item,
     ItemText,
+    KeptItem,
     OutputItem,
     OutputMessage,
     OutputText,
     Status,
 )
-from proxy.tools.limits import MAX_SCHEMA_DEPTH
-from proxy.tools.rendering import TemplateMessage
-from proxy.tools.spec import NOT_JSON, OpenAICall, OpenAIFunction, ToolCall, call_id, json_value
+from proxy.responses.tools import ToolPlan
+from proxy.tools.spec import ToolCall, call_id
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -38,8 +39,9 @@ def input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
 
     Raises:
         OpenAIError: 400 naming ``input[i]...``: an item kvproxy cannot serve (images, files,
-            hosted tools' items, references), a message without a role it knows, a call
-            without its ``call_id``, ``name`` or string ``arguments``.
+            references, a type the API does not have), a message without a role it knows, a
+            call without its ``call_id``, ``name`` or string ``arguments``, a result without
+            a ``call_id`` or a ``name``.
     """
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
@@ -67,32 +69,55 @@ def _item(item: object, i: int) -> InputItem:
         for field in ("call_id", "name", "arguments"):
             if not isinstance(item.get(field), str):
                 raise OpenAIError(400, f"a function_call has a string `{field}`", param=f"input[{i}].{field}")
-        return {
-            "id": item.get("id") or call_id("fc_"),
-            "type": "function_call",
-            "status": "completed",
-            "call_id": item["call_id"],
-            "name": item["name"],
-            "arguments": item["arguments"],
-        }
+        namespace = _optional_text(item, "namespace", i)
+        return call_item(
+            item.get("id") or call_id("fc_"),
+            item["call_id"],
+            item["name"],
+            item["arguments"],
+            namespace=namespace,
+        )
     if kind == "function_call_output":
-        if not isinstance(item.get("call_id"), str):
-            raise OpenAIError(
-                400, "a function_call_output has the `call_id` it answers", param=f"input[{i}].call_id"
-            )
-        output = _text(item.get("output"), f"input[{i}].output")
-        return {
-            "id": item.get("id") or call_id("fco_"),
-            "type": kind,
-            "call_id": item["call_id"],
-            "output": output,
-        }
+        return _output(item, i)
+    if kind in CALLS or kind in OUTPUTS or kind in NOT_SHOWN:
+        if (kind in CALLS and not isinstance(item.get("call_id"), str)) or (
+            kind in OUTPUTS and answered(item) is None
+        ):
+            raise OpenAIError(400, f"a {kind} has a string `call_id`", param=f"input[{i}].call_id")
+        return cast(KeptItem, item | {"id": item.get("id") or call_id("item_")})
     raise OpenAIError(
         400,
-        f"input items of type `{kind}` are not supported; send messages, function_call and "
-        "function_call_output items",
+        f"input items of type `{kind}` are not supported; send messages, tool calls and their outputs",
         param=f"input[{i}].type",
     )
+
+
+def _output(item: dict[str, Any], i: int) -> FunctionCallOutput:
+    """A ``function_call_output``: answering its ``call_id``, or naming its tool without one."""
+    answers, name = _optional_text(item, "call_id", i), _optional_text(item, "name", i)
+    if answers is None and name is None:
+        reason = "a function_call_output has the `call_id` it answers, or the `name` of its tool"
+        raise OpenAIError(400, reason, param=f"input[{i}].call_id")
+    output = _text(item.get("output"), f"input[{i}].output")
+    out: FunctionCallOutput = {
+        "id": item.get("id") or call_id("fco_"),
+        "type": "function_call_output",
+        "output": output,
+    }
+    if answers is not None:
+        out["call_id"] = answers
+    if name is not None:
+        out["name"] = name
+    if (namespace := _optional_text(item, "namespace", i)) is not None:
+        out["namespace"] = namespace
+    return out
+
+
+def _optional_text(item: dict[str, Any], field: str, i: int) -> str | None:
+    value = item.get(field)
+    if value is not None and not isinstance(value, str):
+        raise OpenAIError(400, f"`{field}` is a string", param=f"input[{i}].{field}")
+    return value
 
 
 def _text(content: object, param: str) -> str:
@@ -114,53 +139,14 @@ def _text(content: object, param: str) -> str:
     return "".join(texts)
 
 
-def check_calls(history: list[TemplateMessage], items: list[InputItem]) -> None:
-    """Each ``function_call_output`` answers a call made before it (in the stored history or
-    an earlier item), and each ``function_call``'s arguments are JSON.
-
-    Raises:
-        OpenAIError: 400 naming ``input[i]...``.
-    """
-    made = {call.get("id") for message in history for call in message.get("tool_calls") or []}
-    for i, item in enumerate(items):
-        if item["type"] == "function_call":
-            if item["arguments"] != "" and json_value(item["arguments"]) is NOT_JSON:
-                reason = f"a function_call's arguments are JSON text, at most {MAX_SCHEMA_DEPTH} levels deep"
-                raise OpenAIError(400, reason, param=f"input[{i}].arguments")
-            made.add(item["call_id"])
-        elif item["type"] == "function_call_output" and item["call_id"] not in made:
-            reason = f"no function_call with call_id '{item['call_id']}' comes before this output"
-            raise OpenAIError(400, reason, param=f"input[{i}].call_id")
-
-
-def chat_messages(items: Sequence[Item]) -> list[TemplateMessage]:
-    """Items (as ``input_items`` and ``output_items`` write them) as chat messages, in order."""
-    messages: list[TemplateMessage] = []
-    for item in items:
-        last = messages[-1] if messages else None
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            messages.append({"role": item["role"], "content": text})
-        elif item["type"] == "function_call":
-            function: OpenAIFunction = {"name": item["name"], "arguments": item["arguments"]}
-            call: OpenAICall = {"id": item["call_id"], "type": "function", "function": function}
-            if last is None or last["role"] != "assistant":
-                last = {"role": "assistant", "content": None}
-                messages.append(last)
-            last.setdefault("tool_calls", []).append(call)
-        else:
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
-    for message in messages:
-        if message["role"] == "assistant" and message.get("tool_calls") and not message["content"]:
-            message["content"] = None
-    return messages
-
-
-def output_items(text: str, calls: list[ToolCall], complete: bool) -> list[OutputItem]:
+def output_items(text: str, calls: list[ToolCall], complete: bool, plan: ToolPlan) -> list[OutputItem]:
     """An answer's output: a message with its text (when it has text, or no calls), then one
-    ``function_call`` item per call."""
+    ``function_call`` item per call (a namespaced function's with its ``namespace``)."""
     items: list[OutputItem] = [message_item(call_id("msg_"), text, complete)] if text or not calls else []
-    return items + [call_item(call_id("fc_"), call.id, call.name, call.arguments) for call in calls]
+    for call in calls:
+        name, namespace = plan.call_name(call.name)
+        items.append(call_item(call_id("fc_"), call.id, name, call.arguments, namespace=namespace))
+    return items
 
 
 def message_item(item_id: str, text: str | None, complete: bool = True) -> OutputMessage:
@@ -174,9 +160,12 @@ def text_part(text: str) -> OutputText:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, done: bool = True) -> FunctionCall:
+def call_item(
+    item_id: str, call_id: str, name: str, arguments: str, done: bool = True, namespace: str | None = None
+) -> FunctionCall:
+    """A ``function_call`` item (with ``namespace`` when the function has one)."""
     status: Status = "completed" if done else "in_progress"
-    return {
+    item: FunctionCall = {
         "id": item_id,
         "type": "function_call",
         "status": status,
@@ -184,3 +173,6 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, done: bool 
         "name": name,
         "arguments": arguments,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, Count, Real
 from proxy.responses.replies import ResponseUsage
+from proxy.responses.tools import ToolPlan, chat_tool_choice, echoed_tool, tool_plan
 from proxy.tools.limits import check_tool_count
 from proxy.tools.rendering import TemplateMessage
 
@@ -97,32 +98,33 @@ class ResponsesRequest(BaseModel):
         return None
 
     def echoed_tools(self) -> list[Any]:
-        """``tools`` as a stored response echoes them: each function tool's own fields only (the
-        model reads its name, description and parameters; nothing else is kept)."""
-        keep = ("type", "name", "description", "parameters", "strict")
-        return [{k: t[k] for k in keep if k in t} if isinstance(t, dict) else t for t in self.tools or []]
+        """``tools`` as a stored response echoes them (``proxy.responses.tools.echoed_tool``)."""
+        return [echoed_tool(t) for t in self.tools or []]
 
     def system_messages(self) -> list[TemplateMessage]:
         """``instructions`` as the system message the chat starts with (none when empty)."""
         return [{"role": "system", "content": self.instructions}] if self.instructions else []
 
-    def chat_request(self, messages: list[TemplateMessage]) -> ChatCompletionRequest:
+    def chat_request(
+        self, messages: list[TemplateMessage], plan: ToolPlan | None = None
+    ) -> ChatCompletionRequest:
         """This request as the chat completion of ``messages`` (``system_messages``, any stored
-        conversation, then the input items as ``proxy.responses.items.chat_messages`` writes
+        conversation, then the input items as ``proxy.responses.history.chat_messages`` writes
         them): what ``/v1/responses`` starts, and what ``kvproxy route`` renders.
 
         Raises:
             OpenAIError: as ``chat_fields``.
             pydantic.ValidationError: a field the chat completion refuses.
         """
-        return ChatCompletionRequest.model_validate({"messages": messages} | self.chat_fields())
+        return ChatCompletionRequest.model_validate({"messages": messages} | self.chat_fields(plan))
 
-    def chat_fields(self) -> dict[str, Any]:
-        """The chat completion fields this request asks for, besides its messages.
+    def chat_fields(self, plan: ToolPlan | None = None) -> dict[str, Any]:
+        """The chat completion fields this request asks for, besides its messages: its tools as
+        ``plan`` offers them (``proxy.responses.tools.tool_plan`` of ``tools`` when None).
 
         Raises:
-            OpenAIError: 400 naming the field: a tool that is not a function, a tool choice or
-                text format that is not one of Responses' own, more tools than
+            OpenAIError: 400 naming the field: a malformed tool, a tool choice or text format
+                that is not one of Responses' own, more functions than
                 ``proxy.tools.limits.MAX_TOOLS``.
         """
         fields: dict[str, Any] = {
@@ -135,45 +137,15 @@ class ResponsesRequest(BaseModel):
             "prompt_cache_retention": self.prompt_cache_retention,
             "parallel_tool_calls": self.parallel_tool_calls,
         }
-        if self.tools:
-            check_tool_count(self.tools)
-            fields["tools"] = [chat_tool(tool, i) for i, tool in enumerate(self.tools)]
+        plan = tool_plan(self.tools) if plan is None else plan
+        if plan.chat:
+            check_tool_count(plan.chat)
+            fields["tools"] = plan.chat
         if self.tool_choice is not None:
             fields["tool_choice"] = chat_tool_choice(self.tool_choice)
         if self.text is not None and self.text.get("format") is not None:
             fields["response_format"] = chat_format(self.text["format"])
         return {k: v for k, v in fields.items() if v is not None}
-
-
-def chat_tool(tool: object, i: int) -> dict[str, Any]:
-    """A Responses function tool (``{type, name, description, parameters, strict}``) as a chat
-    one (``{type, function: {...}}``).
-
-    Raises:
-        OpenAIError: 400 naming ``tools[i].type`` for a hosted tool (web search, file search, ...).
-    """
-    kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-    if not isinstance(tool, dict) or kind != "function":
-        raise OpenAIError(
-            400, f"tools of type `{kind}` are not supported; send function tools", param=f"tools[{i}].type"
-        )
-    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-    return {"type": "function", "function": function}
-
-
-def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
-    """``auto``, ``none``, ``required`` or ``{type: function, name}`` as chat's tool choice.
-
-    Raises:
-        OpenAIError: 400 for another kind of choice (hosted tools, ``allowed_tools``).
-    """
-    if isinstance(choice, str):
-        return choice
-    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise OpenAIError(
-        400, "tool_choice is auto, none, required or {type: function, name}", param="tool_choice"
-    )
 
 
 def chat_format(form: object) -> dict[str, Any]:

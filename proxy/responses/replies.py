@@ -47,26 +47,41 @@ class OutputMessage(TypedDict):
 
 
 class FunctionCall(TypedDict):
-    """A call, as the model made it or as the client sends back one it made."""
+    """A call, as the model made it or as the client sends back one it made (``namespace``:
+    the namespace tool its function belongs to, ``proxy.responses.tools``)."""
 
     id: str
     type: Literal["function_call"]
     status: Status
     call_id: str
     name: str
+    namespace: NotRequired[str]
     arguments: str
 
 
 class FunctionCallOutput(TypedDict):
-    """A call's result, sent by the client."""
+    """A call's result, sent by the client: answering ``call_id``, or, without one (a result
+    the client adds on its own, as Codex's goals do), naming the tool (``name``, ``namespace``)."""
 
     id: str
     type: Literal["function_call_output"]
-    call_id: str
+    call_id: NotRequired[str]
+    name: NotRequired[str]
+    namespace: NotRequired[str]
     output: str
 
 
-InputItem = InputMessage | FunctionCall | FunctionCallOutput
+class KeptItem(TypedDict):
+    """Another item a client keeps in its history, kept as sent (with an ``id``): another kind
+    of tool call or result, rendered as one (``proxy.responses.history``), or an item of the
+    hosted model's own (reasoning, compaction, a hosted tool's call), which the local model
+    cannot read and is not shown."""
+
+    id: str
+    type: str
+
+
+InputItem = InputMessage | FunctionCall | FunctionCallOutput | KeptItem
 OutputItem = OutputMessage | FunctionCall
 Item = InputItem | OutputItem
 

@@ -25,11 +25,13 @@ from proxy.openai.chat import start_chat
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.responses.continuation import continuation
 from proxy.responses.events import events
-from proxy.responses.items import chat_messages, check_calls, input_items, output_items
-from proxy.responses.limits import context_error, refused_stream
+from proxy.responses.history import chat_messages, check_calls
+from proxy.responses.items import input_items, output_items
+from proxy.responses.limits import context_ended, context_error, ended_error, failed_error, refused_stream
 from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
+from proxy.responses.tools import ToolPlan, add_warning, tool_plan
 from proxy.serving.facts import served_model
 from proxy.serving.starting import Begun, finish_turn
 from proxy.serving.streaming import event_stream, json_response, new_id, now
@@ -109,20 +111,21 @@ async def start_response(
     tenant: str,
     messages: list[TemplateMessage],
     previous: StoredResponse | None,
+    tools: ToolPlan,
 ) -> tuple[ChatCompletionRequest, Begun]:
-    """Start the chat completion of ``messages`` (continuing ``previous``'s stored ids), errors
-    named as the Responses request names its fields."""
+    """Start the chat completion of ``messages`` with the functions ``tools`` offers (continuing
+    ``previous``'s stored ids), errors named as the Responses request names its fields."""
     after = previous.continuation if previous is not None else None
     try:
-        chat = body.chat_request(messages)
+        chat = body.chat_request(messages, tools)
         prompt_of = after.prompt if after is not None else None
         turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, prompt_of)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = responses_param(".".join(str(p) for p in first.get("loc", ())) or None)
+        param = tools.param(responses_param(".".join(str(p) for p in first.get("loc", ())) or None))
         raise OpenAIError(400, f"{param}: {first.get('msg')}", param=param) from None
     except OpenAIError as exc:
-        exc.param = responses_param(exc.param)
+        exc.param = tools.param(responses_param(exc.param))
         raise
     return chat, turn
 
@@ -141,6 +144,7 @@ async def create(
         param, reason = unsupported
         code = "unsupported_parameter" if param in UNSUPPORTED else None
         raise OpenAIError(400, reason, param=param, code=code)
+    tools = tool_plan(body.tools)
     previous = None
     if body.previous_response_id is not None:
         previous = await stored(responses, tenant, body.previous_response_id, "previous_response_id")
@@ -150,17 +154,32 @@ async def create(
     system = body.system_messages()
     try:
         chat, turn = await start_response(
-            body, request, engine, settings, tenant, system + history + chat_messages(items), previous
+            body, request, engine, settings, tenant, system + history + chat_messages(items), previous, tools
         )
     except ContextExceeded as exc:
         if body.stream:  # NOTE: in the stream, where clients that compact look for it
             return refused_stream(skeleton(new_id("resp", "_"), body), context_error(exc))
         raise context_error(exc) from None
     response, served = skeleton(new_id("resp", "_"), body), served_model(engine)
+    add_warning(turn.started.headers, tools)
+    window = served.facts.context_length
+
+    def ended(finished: Finished) -> bool:
+        counts = turn.started.usage(finished.completion_tokens)
+        return context_ended(finished, counts, window, body.max_output_tokens)
 
     async def finish(
         output: list[OutputItem], finished: Finished, generated: list[int], text: str
     ) -> ResponseObject:
+        if ended(finished):
+            counts = turn.started.usage(finished.completion_tokens)
+            error = failed_error(counts, window)
+            return response | {
+                "status": "failed",
+                "error": error,
+                "usage": usage(counts),
+                "completed_at": now(),
+            }
         whole = finished.finish_reason != "length"
         response["status"] = "completed" if whole else "incomplete"
         response["incomplete_details"] = None if whole else {"reason": "max_output_tokens"}
@@ -190,9 +209,12 @@ async def create(
         return response
 
     if body.stream:
-        return event_stream(turn.started, events(turn.started, turn.plan, response.copy(), finish))
+        streamed = events(turn.started, turn.plan, response.copy(), finish, tools, ended)
+        return event_stream(turn.started, streamed)
     result = await finish_turn(turn, request)
-    output = output_items(result.text, result.calls, result.finish_reason != "length")
+    if ended(result.finished):
+        raise ended_error(result.usage, window)
+    output = output_items(result.text, result.calls, result.finish_reason != "length", tools)
     generated = [t.token_id for t in result.tokens]
     return json_response(turn.started, await finish(output, result.finished, generated, result.raw))
 

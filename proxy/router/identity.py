@@ -37,7 +37,8 @@ from proxy.gemini.protocol import chat_messages as gemini_messages
 from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest
 from proxy.openai.tools import chat_tools
-from proxy.responses.items import chat_messages, input_items
+from proxy.responses.history import chat_messages
+from proxy.responses.items import input_items
 from proxy.responses.protocol import ResponsesRequest
 from proxy.router.policy import Endpoint
 from proxy.serving.metadata import chat_without_metadata

@@ -267,7 +267,15 @@ def test_text_format_json_schema(cached) -> None:
             "input[0].content[0]",
         ),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "tools": [{"name": "no_type"}]}, "tools[0].type"),
+        (
+            {"input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"name": "f"}]}]},
+            "tools[0].tools[0].type",
+        ),
+        (
+            {"input": "hi", "tools": [{"type": "web_search"}, {**WEATHER, "name": "bad name!"}]},
+            "tools[1].name",
+        ),
         (
             {"input": "hi", "text": {"format": {"type": "json_schema", "name": "bad name!", "schema": {}}}},
             "text.format.name",

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.http.errors import OpenAIError
-from proxy.responses.items import chat_messages, input_items, output_items
+from proxy.responses.history import chat_messages
+from proxy.responses.items import input_items, output_items
 from proxy.responses.protocol import ResponsesRequest, responses_param
+from proxy.responses.tools import ToolPlan, tool_plan
 from proxy.router.replies import delta_text, reply_text, reply_usage, response_id
 from proxy.tools.spec import ToolCall
 
@@ -42,9 +44,9 @@ def test_items_become_the_chat_an_agent_loop_would_send() -> None:
 
 def test_output_items_round_trip_to_chat() -> None:
     calls = [ToolCall("call_1", "w", '{"city": "Oslo"}')]
-    assert [i["type"] for i in output_items("", calls, True)] == ["function_call"]
-    assert [i["type"] for i in output_items("", [], True)] == ["message"]
-    assert chat_messages(output_items("", calls, True)) == [
+    assert [i["type"] for i in output_items("", calls, True, ToolPlan())] == ["function_call"]
+    assert [i["type"] for i in output_items("", [], True, ToolPlan())] == ["message"]
+    assert chat_messages(output_items("", calls, True, ToolPlan())) == [
         {"role": "assistant", "content": None, "tool_calls": [calls[0].as_openai()]}
     ]
 
@@ -56,7 +58,8 @@ def test_output_items_round_trip_to_chat() -> None:
         ({"type": "function_call", "name": "w", "arguments": "{}"}, "input[0].call_id"),
         ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),
         ({"role": "user", "content": [{"type": "input_file"}]}, "input[0].content[0]"),
-        ({"type": "reasoning"}, "input[0].type"),
+        ({"type": "item_reference", "id": "msg_1"}, "input[0].type"),
+        ({"type": "custom_tool_call_output", "output": "x"}, "input[0].call_id"),
     ],
 )
 def test_bad_items_name_their_field(item, param) -> None:
@@ -132,3 +135,71 @@ def test_router_reads_every_dialect() -> None:
         "prompt_tokens_details": {"cached_tokens": 5},
     }
     assert reply_usage("messages", {"type": "message_delta", "usage": {"output_tokens": 3}}) is None
+
+
+def test_namespaces_flatten_and_hosted_tools_are_left_out() -> None:
+    """A namespace's functions are offered under ``ns__name`` and reported back by name and
+    namespace; hosted and custom tools are left out and named once each; an error in a chat
+    tool names the tool where the request has it."""
+    fn = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    plan = tool_plan(
+        [
+            {"type": "web_search", "external_web_access": False},
+            {
+                "type": "namespace",
+                "name": "ns",
+                "description": "d",
+                "tools": [fn, {"type": "custom", "name": "c"}],
+            },
+            fn,
+            {"type": "web_search"},
+        ]
+    )
+    assert [t["function"]["name"] for t in plan.chat] == ["ns__f", "f"]
+    assert plan.call_name("ns__f") == ("f", "ns") and plan.call_name("f") == ("f", None)
+    assert plan.left_out == ["web_search", "custom"]
+    assert plan.warning() is not None and "web_search, custom" in plan.warning()
+    assert plan.param("tools[0].function.parameters") == "tools[1].tools[0].parameters"
+    assert plan.param("tools[1].function.name") == "tools[2].name"
+    assert tool_plan([fn]).warning() is None
+
+
+def test_history_items_an_agent_keeps_render_as_tool_turns() -> None:
+    """Other kinds of calls are the assistant's tool calls, their results tool messages; a
+    result without call_id is a tool message naming its tool; the hosted model's own items
+    are not shown."""
+    items = input_items(
+        [
+            {"type": "reasoning", "summary": []},
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "P"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "ok"},
+            {
+                "type": "local_shell_call",
+                "call_id": "s1",
+                "action": {"command": ["ls"]},
+                "status": "completed",
+            },
+            {"type": "local_shell_call_output", "id": "s1", "output": [{"type": "input_text", "text": "a"}]},
+            {"type": "function_call", "call_id": "f1", "name": "f", "namespace": "ns", "arguments": "{}"},
+            {"type": "web_search_call", "action": {"type": "search"}},
+            {"type": "function_call_output", "name": "goal", "namespace": "goals", "output": "g"},
+        ]
+    )
+
+    def call(call_id: str, name: str, arguments: str) -> dict:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        }
+
+    assert chat_messages(items) == [
+        call("c1", "apply_patch", '{"input": "P"}'),
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        call("s1", "local_shell", '{"command": ["ls"]}'),
+        {"role": "tool", "tool_call_id": "s1", "content": "a"},
+        call("f1", "ns__f", "{}"),
+        {"role": "tool", "name": "goals__goal", "content": "g"},
+    ]

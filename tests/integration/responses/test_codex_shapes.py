@@ -1,0 +1,241 @@
+"""The Responses API as Codex CLI sends it, through the official ``openai`` client on the tiny
+model: namespace tools (flattened for the model, calls reported in their namespace), hosted tools
+the server cannot run (left out, named in a warning header), every item an agent keeps in its
+history (a tool result without ``call_id``, reasoning, other kinds of calls), and an answer the
+context window ends (``context_length_exceeded``, what Codex compacts on)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.api import Api
+
+GREEDY = {"model": "tiny", "temperature": 0}
+SPAWN = {
+    "type": "function",
+    "name": "spawn_agent",
+    "description": "Start an agent on a task",
+    # NOTE: the tiny model is random: a bounded string lets the grammar end every call
+    "parameters": {
+        "type": "object",
+        "properties": {"message": {"type": "string", "maxLength": 12}},
+        "required": ["message"],
+        "additionalProperties": False,
+    },
+}
+AGENTS = {"type": "namespace", "name": "multi_agent", "description": "Agents", "tools": [SPAWN]}
+HOSTED = [
+    {"type": "web_search", "external_web_access": False},
+    {"type": "file_search", "vector_store_ids": ["vs_1"]},
+    {"type": "image_generation"},
+    {"type": "custom", "name": "apply_patch", "description": "Patch files", "format": {"type": "text"}},
+]
+HISTORY = [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "start the task"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"},
+    {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "*** Begin Patch"},
+    {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "patched"},
+    {
+        "type": "local_shell_call",
+        "id": "ls_1",
+        "call_id": "sh_1",
+        "status": "completed",
+        "action": {"type": "exec", "command": ["ls"], "env": {}},
+    },
+    {"type": "local_shell_call_output", "id": "sh_1", "output": "README.md"},
+    {
+        "type": "web_search_call",
+        "id": "ws_1",
+        "status": "completed",
+        "action": {"type": "search", "query": "x"},
+    },
+    {"type": "compaction", "encrypted_content": "gAAAA"},
+    {
+        "type": "function_call_output",
+        "name": "update_goal",
+        "namespace": "goals",
+        "output": "goal: tests pass",
+    },
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]},
+]
+
+
+def client(server) -> OpenAI:
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+
+
+def test_namespace_functions_are_called_in_their_namespace(cached) -> None:
+    """A namespace's function is offered to the model; its call comes back as the hosted API
+    writes it (``name`` the function's own, ``namespace`` beside it), streamed or not, and sent
+    back with its output it continues the conversation from the cache."""
+    api = client(cached.server)
+    first = api.responses.create(
+        **GREEDY, max_output_tokens=200, input="start an agent", tools=[AGENTS], tool_choice="required"
+    )
+    call = first.output[-1]
+    assert (call.type, call.name, call.namespace) == ("function_call", "spawn_agent", "multi_agent")
+    assert "message" in json.loads(call.arguments)
+    assert first.tools[0].type == "namespace" and first.tools[0].tools[0].name == "spawn_agent"
+    Api(cached.server).flush()
+    second = api.responses.create(
+        **GREEDY,
+        max_output_tokens=12,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "agent 7 started"}],
+        tools=[AGENTS],
+        tool_choice="none",
+    )
+    assert second.output[0].type == "message"
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    events = list(
+        api.responses.create(
+            **GREEDY,
+            max_output_tokens=200,
+            input="start another",
+            tools=[AGENTS],
+            tool_choice="required",
+            stream=True,
+        )
+    )
+    added = [
+        e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"
+    ]
+    done = [
+        e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+    ]
+    assert [(i.name, i.namespace) for i in added + done] == [("spawn_agent", "multi_agent")] * 2
+    assert events[-1].response.output[-1].namespace == "multi_agent"
+
+
+def test_namespaced_call_in_history_reads_as_generated(cached) -> None:
+    """A ``function_call`` item sent back with its ``namespace`` renders as the model saw the
+    function (its flat name): the same prompt as the conversation continued by id."""
+    api = client(cached.server)
+    first = api.responses.create(
+        **GREEDY, max_output_tokens=200, input="start an agent", tools=[AGENTS], tool_choice="required"
+    )
+    call = first.output[-1]
+    sent_back = [
+        {"role": "user", "content": "start an agent"},
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "namespace": call.namespace,
+            "arguments": call.arguments,
+        },
+        {"type": "function_call_output", "call_id": call.call_id, "output": "agent 7 started"},
+    ]
+    whole = api.responses.create(**GREEDY, max_output_tokens=4, input=sent_back, tools=[AGENTS], store=False)
+    continued = api.responses.create(
+        **GREEDY,
+        max_output_tokens=4,
+        previous_response_id=first.id,
+        input=sent_back[2:],
+        tools=[AGENTS],
+        store=False,
+    )
+    assert whole.usage.input_tokens == continued.usage.input_tokens
+    assert whole.output_text == continued.output_text
+
+
+def test_hosted_tools_are_left_out_with_a_warning(cached) -> None:
+    """Hosted and custom tools (``web_search`` with ``external_web_access: false`` as Codex sends
+    it, ...) are not offered: the prompt is the one with the function tools alone, and the
+    ``x-kvproxy-warning`` header names each kind left out, streamed or not."""
+    api = client(cached.server)
+    kwargs = {**GREEDY, "max_output_tokens": 4, "input": "hello", "store": False}
+    raw = api.responses.with_raw_response.create(**kwargs, tools=[*HOSTED, SPAWN])
+    warning = raw.headers["x-kvproxy-warning"]
+    assert all(kind in warning for kind in ("web_search", "file_search", "image_generation", "custom"))
+    alone = api.responses.create(**kwargs, tools=[SPAWN])
+    assert raw.parse().usage.input_tokens == alone.usage.input_tokens
+    assert raw.parse().output_text == alone.output_text
+    only_hosted = api.responses.create(**kwargs, tools=HOSTED[:1])
+    assert only_hosted.usage.input_tokens == api.responses.create(**kwargs).usage.input_tokens
+    with api.responses.with_streaming_response.create(**kwargs, tools=HOSTED[:1], stream=True) as streamed:
+        assert "web_search" in streamed.headers["x-kvproxy-warning"]
+    assert "x-kvproxy-warning" not in api.responses.with_raw_response.create(**kwargs, tools=[SPAWN]).headers
+
+
+def test_every_item_an_agent_keeps_is_accepted_and_resumes(cached) -> None:
+    """A history holding a result without ``call_id`` (Codex's goals), reasoning, compaction, a
+    hosted search, custom and local shell calls with their results is served, each item listed
+    as sent, and resuming the conversation works (the session is not dead); the result without
+    ``call_id`` is in the prompt."""
+    api = client(cached.server)
+    first = api.responses.create(**GREEDY, max_output_tokens=4, input=HISTORY)
+    listed = api.responses.input_items.list(first.id, order="asc")
+    assert [i.type for i in listed.data] == [item["type"] for item in HISTORY]
+    goal = listed.data[-2]
+    assert (goal.name, goal.namespace, goal.output) == ("update_goal", "goals", "goal: tests pass")
+    Api(cached.server).flush()
+    resumed = api.responses.create(**GREEDY, max_output_tokens=4, previous_response_id=first.id, input="more")
+    assert resumed.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    without_goal = [item for item in HISTORY if item["type"] != "function_call_output"]
+    shorter = api.responses.create(**GREEDY, max_output_tokens=4, input=without_goal, store=False)
+    assert shorter.usage.input_tokens < first.usage.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),
+        ({"type": "custom_tool_call_output", "call_id": "nope", "output": "x"}, "input[0].call_id"),
+        ({"type": "custom_tool_call", "name": "apply_patch", "input": "x"}, "input[0].call_id"),
+        ({"type": "no_such_item"}, "input[0].type"),
+    ],
+)
+def test_malformed_history_items_name_the_field(cached, item, param) -> None:
+    """An item the API itself would refuse (a result answering nothing and naming no tool, a
+    call without its id, an unknown type) is still a 400 naming the field."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client(cached.server).responses.create(**GREEDY, input=[item])
+    assert err.value.body["param"] == param
+
+
+LONG_CALL = {
+    "type": "function",
+    "name": "write_file",
+    "description": "Write a file",
+    # NOTE: a string the grammar keeps open for longer than the window: the window ends the answer
+    "parameters": {
+        "type": "object",
+        "properties": {"text": {"type": "string", "minLength": 4000}},
+        "required": ["text"],
+    },
+}
+
+
+def test_context_window_end_is_context_length_exceeded(settings, tiny_model, serve) -> None:
+    """An answer the context window ends, with no ``max_output_tokens`` set, is reported as the
+    hosted API reports a conversation past the window: streamed, an ``error`` event and
+    ``response.failed`` with ``error.code`` ``context_length_exceeded`` (what Codex compacts on;
+    the call cut short never reported done);
+    not streamed, a 400 with that code. With ``max_output_tokens`` set it stays ``incomplete``."""
+    model = dataclasses.replace(tiny_model, context_length=640)
+    kwargs = {**GREEDY, "input": "write it", "tools": [LONG_CALL], "tool_choice": "required"}
+    with serve(settings, model) as server:
+        api = client(server)
+        stream = httpx.post(f"{server.base_url}/v1/responses", json={**kwargs, "stream": True}, timeout=600)
+        events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: ")]
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        assert events[-2]["error"]["code"] == "context_length_exceeded"
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded"
+        assert failed["usage"]["input_tokens"] + failed["usage"]["output_tokens"] == 640
+        assert not [e for e in events if e["type"] == "response.output_item.done"]
+        with pytest.raises(openai.APIError) as streamed:  # NOTE: the SDK raises the error event
+            list(api.responses.create(**kwargs, stream=True))
+        assert streamed.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError) as err:
+            api.responses.create(**kwargs)
+        assert err.value.code == "context_length_exceeded" and err.value.body["param"] == "input"
+        bounded = api.responses.create(**kwargs, max_output_tokens=8)
+        assert bounded.status == "incomplete" and bounded.incomplete_details.reason == "max_output_tokens"
