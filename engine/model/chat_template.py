@@ -16,7 +16,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.model.fetch import ModelError
+from engine.model.errors import ModelError
 
 
 def read_chat_template(path: Path) -> str:
