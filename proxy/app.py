@@ -55,7 +55,8 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        model = loaded
+        # NOTE: a model handed in (tests share one, the CLI loads it first) gets --chat-template here
+        model = loaded.with_chat_template(settings.chat_template_text) if loaded is not None else None
         if model is None:
             model = await run_in_threadpool(
                 load_model_apart,
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
                 dtype=settings.dtype,
                 weights=settings.weights,
                 device=settings.device,
+                chat_template=settings.chat_template_text,
             )
         if settings.served_model_name:
             names = tuple(n.strip() for n in settings.served_model_name.split(",") if n.strip())

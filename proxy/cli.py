@@ -137,7 +137,8 @@ def models() -> None:
 @click.argument("name", default=DEFAULT_MODEL)
 @click.option("--cache-dir", default=None, help="Where models are kept [env KVPROXY_CACHE_DIR]")
 def models_fetch(name: str, cache_dir: str | None) -> None:
-    """Download and convert a known model (default: smollm2-135m-instruct)."""
+    """Download and convert a known model (default: smollm2-135m-instruct; `kvproxy models list`
+    names them all)."""
     settings = load_settings(cache_dir=cache_dir)
     try:
         path = fetch_known_model(name, settings.cache_dir / "models", convert_gguf)
@@ -154,7 +155,7 @@ def models_list(cache_dir: str | None) -> None:
     models_dir = load_settings(cache_dir=cache_dir).cache_dir / "models"
     for name, known in KNOWN_MODELS.items():
         state = "ready" if (models_dir / name / "config.json").exists() else "not fetched"
-        click.echo(f"{name}\t{state}\t(from {known.wheel})")
+        click.echo(f"{name}\t{state}\t(from {', '.join(known.wheels)})")
     if models_dir.is_dir():
         for path in sorted(p for p in models_dir.iterdir() if p.is_dir() and p.name not in KNOWN_MODELS):
             if not path.name.startswith("."):

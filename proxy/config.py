@@ -13,6 +13,8 @@ from urllib.request import url2pathname
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.model.chat_template import read_chat_template
+from engine.model.fetch import ModelError
 from engine.model.formats import DtypeChoice, WeightsChoice
 from proxy.env_names import PREFIX, unknown_variables, warn_once
 from proxy.setting_values import Bytes, key_file
@@ -25,6 +27,17 @@ from store.index.redis.schemes import SCHEMES
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "kvproxy"
+
+
+def template_file(path: Path | None) -> Path | None:
+    """``--chat-template``: a file that exists and parses as a Jinja template, or a ValueError
+    naming the file and the fault (the start stops)."""
+    if path is not None:
+        try:
+            read_chat_template(path)
+        except ModelError as exc:
+            raise ValueError(str(exc)) from None
+    return path
 
 
 class ServerSettings(BaseSettings):
@@ -127,6 +140,11 @@ class Settings(ServerSettings):
     model: str = Field(
         "smollm2-135m-instruct",
         description="Known model name, Hugging Face checkpoint directory, .gguf file or hub id.",
+    )
+    chat_template: Path | None = Field(
+        None,
+        description="A Jinja chat template file that renders every chat for the model, in place of the "
+        "template its tokenizer has (or lacks), as vLLM's and llama.cpp's --chat-template.",
     )
     served_model_name: str | None = Field(
         None,
@@ -254,6 +272,16 @@ class Settings(ServerSettings):
         description="Seconds a request waits for its cached blocks to be read before it is computed "
         "as a miss instead (a stuck disk or mount).",
     )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, path: Path | None) -> Path | None:
+        return template_file(path)
+
+    @property
+    def chat_template_text(self) -> str | None:
+        """The text of ``--chat-template``, or None (the model's own template)."""
+        return None if self.chat_template is None else read_chat_template(self.chat_template)
 
     @model_validator(mode="after")
     def _one_blob_location(self) -> Settings:

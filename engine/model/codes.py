@@ -122,7 +122,9 @@ def source_codes(
         rows, cols = weights[name].shape
         found[name] = Codes(kind, rows, cols, torch.from_numpy(np.array(candidates[order], copy=True)))
     if dense:
-        log.info("served from float32 weights, not source codes: %s", ", ".join(dense))
+        # NOTE: a K-quant file (Gemma 3's Q4_K_M) lists every tensor: the first few say what it is
+        more = f" and {len(dense) - 6} more" if len(dense) > 6 else ""
+        log.info("served from float32 weights, not source codes: %s%s", ", ".join(dense[:6]), more)
     if known is None and verified is not None:
         _write_verified(verified, stamp, orders)
     return found

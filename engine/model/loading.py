@@ -6,6 +6,7 @@ probe the K/V it produces.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import logging
@@ -21,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from engine.kernels.build import KernelUnavailable
 from engine.kernels.build import load as load_kernels
+from engine.model.chat_template import use_chat_template
 from engine.model.codes import Codes, source_codes
 from engine.model.convert import convert_gguf
 from engine.model.fetch import SOURCE_GGUF, ModelError
@@ -113,6 +115,15 @@ class LoadedModel:
             base_identity=dataclasses.replace(self.base_identity, block_format=block_format),
         )
 
+    def with_chat_template(self, template: str | None) -> LoadedModel:
+        """This model rendering chats with ``template`` (Jinja text; None: unchanged), on a copy of
+        its tokenizer (the original, which others may share, keeps its own)."""
+        if template is None:
+            return self
+        tokenizer = copy.copy(self.tokenizer)
+        use_chat_template(tokenizer, template)
+        return dataclasses.replace(self, tokenizer=tokenizer)
+
     def identity(self, tenant: str) -> NamespaceIdentity:
         """The cache identity of ``tenant``'s K/V computed by this model, formats and device."""
         return _for_tenant(self.base_identity, tenant)
@@ -135,8 +146,13 @@ def load_model(
     dtype: DtypeChoice = "auto",
     weights: WeightsChoice = "auto",
     device: str = "cpu",
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Resolve, load and check a model, in its formats (``engine.model.formats``).
+
+    Args:
+        chat_template: Jinja text that replaces the tokenizer's own chat template (``--chat-template``;
+            ``engine.model.chat_template``), or None to keep the model's.
 
     Raises:
         ModelError: missing model, unsupported architecture (not a decoder-only model whose
@@ -161,6 +177,7 @@ def load_model(
         if (reason := refusal(AutoConfig.from_pretrained(model_dir, local_files_only=True))) is not None:
             raise ModelError(reason)
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        use_chat_template(tokenizer, chat_template)
         # NOTE: device_map (accelerate) puts each weight straight on the device: the host never
         # holds a second copy of the whole model.
         placement = {} if device == "cpu" else {"device_map": device}

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from engine.model.chat_template import use_chat_template
 from engine.model.fetch import ModelError, convert_in_child
 from engine.model.resolve import resolve_model_dir
 from proxy.http.auth import Tenant, parse_api_keys, require_operator
@@ -80,7 +81,11 @@ def load_identity(settings: RouteSettings) -> Identity:
     for name in TOKENIZER_FILES:
         if (path / name).is_file():
             digest.update(name.encode() + (path / name).read_bytes())
-    return Identity(PreTrainedTokenizerFast.from_pretrained(path), digest.hexdigest())
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    if (template := settings.chat_template_text) is not None:
+        use_chat_template(tokenizer, template)
+        digest.update(b"--chat-template\0" + template.encode())
+    return Identity(tokenizer, digest.hexdigest())
 
 
 def create_route_app(settings: RouteSettings, identity: Identity | None = None) -> FastAPI:

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import Field, field_validator
 
-from proxy.config import ServerSettings, default_cache_dir
+from engine.model.chat_template import read_chat_template
+from proxy.config import ServerSettings, default_cache_dir, template_file
 from proxy.router.policy import Policy
 from store.index.embedded.files import EMBEDDED_URL
 from store.index.redis.connect import redact_url
@@ -74,6 +75,11 @@ class RouteSettings(ServerSettings):
         description="Known model name or checkpoint directory whose tokenizer and chat template render "
         "prompts to token ids as the replicas do (default: hash the prompt's text).",
     )
+    chat_template: Path | None = Field(
+        None,
+        description="A Jinja chat template file that replaces --tokenizer's own, as the replicas' "
+        "--chat-template does (give them the same file).",
+    )
     policy: Policy = Field("cache-aware", description="How a replica is chosen.")
     route_ttl: int = Field(
         600, gt=0, description="Seconds a replica is assumed to keep a prompt's blocks after its last use."
@@ -98,6 +104,16 @@ class RouteSettings(ServerSettings):
     replica_cooldown: float = Field(
         5.0, gt=0, description="Seconds a failed replica is skipped unless its health probe answers."
     )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, path: Path | None) -> Path | None:
+        return template_file(path)
+
+    @property
+    def chat_template_text(self) -> str | None:
+        """The text of ``--chat-template``, or None (the tokenizer's own template)."""
+        return None if self.chat_template is None else read_chat_template(self.chat_template)
 
     @field_validator("upstream")
     @classmethod

