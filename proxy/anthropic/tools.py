@@ -38,7 +38,7 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
             )
         param = f"tools[{i}]"
         fields = (tool.get("name"), tool.get("description"), tool.get("input_schema"))
-        defined.append(make_tool(*fields, param, "input_schema", budget))
+        defined.append(make_tool(*fields, param, "input_schema", budget, tool.get("strict")))
     choice = choice or {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in CHOICES:
         raise OpenAIError(400, "tool_choice.type is one of auto, any, tool, none", param="tool_choice.type")

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
 from proxy.anthropic.protocol import TTL_S, ContentBlock, MessagesRequest
+from proxy.anthropic.thinking import reasoning_error
 from proxy.anthropic.tools import message_tools, tool_breakpoints
 from proxy.http.errors import OpenAIError
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
@@ -30,12 +31,16 @@ def check_body(body: MessagesRequest) -> None:
     Raises:
         OpenAIError: 400 naming the field: one not supported (``unsupported_parameter``), text
             Anthropic refuses (``proxy.anthropic.content.content_error``), a broken caching rule
-            (``proxy.anthropic.caching.breakpoint_error``).
+            (``proxy.anthropic.caching.breakpoint_error``), reasoning settings of a wrong shape
+            (``proxy.anthropic.thinking.reasoning_error``; of the right shape they are satisfied
+            by an answer without thinking).
     """
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
-    for broken in (content_error(body), breakpoint_error(body)):
+    extra = body.model_extra or {}
+    reasoning = reasoning_error(extra.get("thinking"), extra.get("output_config"), body.max_tokens)
+    for broken in (reasoning, content_error(body), breakpoint_error(body)):
         if broken is not None:
             raise OpenAIError(400, broken[1], param=broken[0])
 
@@ -75,8 +80,13 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
 def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:
     """A Messages body's system prompt and messages as chat templates take them (OpenAI's shape:
     an assistant's ``tool_use`` blocks as ``tool_calls``, each ``tool_result`` as a ``tool``
-    message before the user's text), and the ``cache_control`` breakpoints as ``(index of the
-    template message that holds it, TTL in seconds)``."""
+    message before the user's text, a ``system`` message as a system message where it stands, an
+    assistant's thinking blocks left out), and the ``cache_control`` breakpoints as ``(index of
+    the template message that holds it, TTL in seconds)``.
+
+    NOTE: a mid-conversation system message is rendered at its place, never moved into the
+    system prompt: the prompt up to it stays the prefix the earlier turns stored, and the chat
+    template decides how a system message there looks (one that cannot render it is a 400)."""
     messages: list[TemplateMessage] = []
     breakpoints: list[tuple[int, int]] = []
     if body.system is not None:

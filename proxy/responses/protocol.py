@@ -157,7 +157,7 @@ def chat_tool(tool: object, i: int) -> dict[str, Any]:
         raise OpenAIError(
             400, f"tools of type `{kind}` are not supported; send function tools", param=f"tools[{i}].type"
         )
-    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
     return {"type": "function", "function": function}
 
 

@@ -20,6 +20,7 @@ from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
+from proxy.http.warnings import warning_headers
 from proxy.serving.ahead import next_turn_start
 from proxy.serving.facts import ModelFacts
 from proxy.serving.prompts import layout, render_turn
@@ -72,7 +73,8 @@ async def start_turn(
     """Check, render and start ``turn``: its model; off the event loop, its prompt (``render_turn``),
     its TTL plan and tail boundaries (``layout``) and its answer's grammar (``plan_answer``);
     then the engine's request, submitted, with render-ahead of the next turn's start (chats) and
-    the tool definitions' span for an explanation. Returns once the prompt is computed.
+    the tool definitions' span for an explanation. Returns once the prompt is computed, its
+    headers holding the turn's and its plan's warnings (``proxy.http.warnings``).
 
     Raises:
         OpenAIError: 404 for a model not served; 400 naming the field (``Turn.params``) the
@@ -109,6 +111,7 @@ async def start_turn(
             raw, tools, fmt = turn.messages, turn.tools, plan.format
             span = partial(tools_span, tokenizer, raw, tools, fmt, prompt.ids, prompt.data)
     started = await start(request, engine, tokenizer, facts, generation, ahead, span)
+    started.headers.update(warning_headers(turn.warnings + plan.warnings))
     return Begun(turn, prompt, plan, generation, started)
 
 

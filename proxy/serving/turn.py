@@ -102,6 +102,8 @@ class Turn:
         call_prefix: the prefix of the ids given to the answer's tool calls.
         prompt_of: the prompt to compute for the chat's rendered ids (default: those ids), e.g. a
             conversation's stored ids continued (``proxy.responses``).
+        warnings: what the dialect did not do as the body asked, one ASCII line each (answered in
+            ``x-kvproxy-warning``, ``proxy.http.warnings``, with the answer plan's).
     """
 
     model: str
@@ -123,6 +125,7 @@ class Turn:
     params: Params = field(default_factory=Params)
     call_prefix: str = "call_"
     prompt_of: Callable[[list[int]], list[int]] | None = None
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ text split into content and tool calls, whole or while it streams."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,12 +20,14 @@ from proxy.tools.spec import Arguments, CallStart, Piece, Text, ToolCall, ToolSe
 
 @dataclass(frozen=True)
 class AnswerPlan:
-    """A request's answer: its format, its tools (None: no tools), its grammar (None: free)."""
+    """A request's answer: its format, its tools (None: no tools), its grammar (None: free), and
+    what its grammar leaves unenforced (``unenforced``: one line per tool and keyword)."""
 
     format: ToolFormat
     tools: ToolSet | None = None
     grammar: str | None = None
     id_prefix: str = "call_"
+    warnings: tuple[str, ...] = ()
 
     @property
     def reads_calls(self) -> bool:
@@ -103,18 +107,48 @@ def plan_answer(
     fmt = tool_format(tokenizer)
     specials = special_strings(tokenizer)
     compiled = partial(compile_grammar, tokenizer, vocab_size)
+    warnings: list[str] = []
     if tools is not None:
         for i, tool in enumerate(tools.tools):
             param = tools_param.format(i=i)
             check_schema(tool.parameters, specials, param)
-            compiled(partial(grammars.json_grammar, grammars.closed(tool.parameters)), param)
+            lenient = not tool.strict
+            _, left = compiled(
+                partial(grammars.json_grammar, grammars.closed(tool.parameters), lenient), param
+            )
+            warnings += unenforced(param, tool.name, left)
     grammar = None
     if schema is not None:
         check_schema(schema, specials, schema_param)
-        grammar = compiled(partial(grammars.json_grammar, schema), schema_param)
+        grammar, _ = compiled(partial(grammars.json_grammar, schema), schema_param)
     elif tools is not None:
-        grammar = compiled(partial(fmt.grammar, tools), "tools")
-    return AnswerPlan(fmt, tools, grammar, id_prefix)
+        grammar, _ = compiled(partial(fmt.grammar, tools), "tools")
+    return AnswerPlan(fmt, tools, grammar, id_prefix, tuple(warnings))
+
+
+UNIMPLEMENTED = re.compile(r"^Unimplemented keys: (\[.*\])$")
+"""llguidance's warning for schema keywords it leaves out (a JSON list of their names)."""
+UNKNOWN_FORMAT = "Unknown format: "
+"""llguidance's warning for a ``format`` it does not know (the format follows)."""
+
+
+def unenforced(param: str, name: str, warnings: tuple[str, ...]) -> list[str]:
+    """One line per keyword llguidance left out of tool ``name``'s grammar (``warnings``: its own
+    words, ``proxy.tools.grammars.options``), naming the tool's schema field ``param``, the tool
+    and the keyword (JSON-quoted: a line is ASCII, fit for a header)."""
+    keywords: list[str] = []
+    for warning in warnings:
+        if (found := UNIMPLEMENTED.match(warning)) is not None:
+            try:
+                keywords += [str(k) for k in json.loads(found.group(1))]
+            except json.JSONDecodeError:
+                keywords.append(warning)
+        elif warning.startswith(UNKNOWN_FORMAT):
+            keywords.append(f"format: {warning.removeprefix(UNKNOWN_FORMAT)}")
+        else:
+            keywords.append(warning)
+    quoted = (json.dumps(keyword) for keyword in dict.fromkeys(keywords))
+    return [f"{param} (tool {json.dumps(name)}): schema keyword {k} is not enforced" for k in quoted]
 
 
 def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None:
@@ -127,18 +161,19 @@ def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None
 
 def compile_grammar(
     tokenizer: Any, vocab_size: int, build: Callable[[], str | None], param: str
-) -> str | None:
+) -> tuple[str | None, tuple[str, ...]]:
     """The grammar ``build`` makes (None: none), compiled once for the model of ``tokenizer``
-    and ``vocab_size`` (slow the first time: run it off the event loop).
+    and ``vocab_size`` (slow the first time: run it off the event loop), and llguidance's
+    warnings on it (what a lenient schema left unenforced: ``engine.constraint.check_grammar``).
 
     Raises:
         OpenAIError: 400 naming ``param`` with llguidance's message (a schema feature it does not
-            support, a bad ``pattern``, a schema nested past its parser's limit).
+            support in a strict schema, a bad ``pattern``, a schema nested past its parser's
+            limit).
     """
     try:
         grammar = build()
-        if grammar is not None:
-            check_grammar(tokenizer, vocab_size, grammar)
+        warnings = check_grammar(tokenizer, vocab_size, grammar) if grammar is not None else ()
     except (GrammarError, ValueError) as exc:  # NOTE: llguidance's builders raise ValueError
         raise OpenAIError(400, f"this schema cannot be enforced: {exc}", param=param) from exc
-    return grammar
+    return grammar, warnings
