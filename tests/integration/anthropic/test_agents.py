@@ -81,11 +81,13 @@ def agent_request(sdk: anthropic.Anthropic, messages: list, **fields):
         max_tokens=16,
         system=SYSTEM,
         messages=messages,
-        tools=[AGENT, READ],
         metadata={"user_id": "user_abc_account_def_session_0123"},
         extra_headers={"anthropic-beta": f"claude-code-20250219,{BETA}"},
         extra_body={"temperature": 0},
-        **({"thinking": {"type": "adaptive"}, "output_config": {"effort": "medium"}} | fields),
+        **(
+            {"tools": [AGENT, READ], "thinking": {"type": "adaptive"}, "output_config": {"effort": "medium"}}
+            | fields
+        ),
     )
 
 
@@ -100,3 +102,161 @@ def test_a_claude_code_request_is_answered_without_thinking_with_a_warning(cache
     warning = raw.headers[WARNING_HEADER]
     assert warning == 'tools[0].input_schema (tool "Agent"): schema keyword "propertyNames" is not enforced'
     assert "Read" not in warning
+    with client(cached.server).messages.stream(
+        model="tiny",
+        max_tokens=8,
+        system=SYSTEM,
+        messages=[USER, REMINDER],
+        tools=[AGENT, READ],
+        thinking={"type": "adaptive"},
+        extra_headers={"anthropic-beta": BETA},
+    ) as stream:
+        streamed = stream.get_final_message()
+        assert stream.response.headers[WARNING_HEADER] == warning
+    assert all(block.type in ("text", "tool_use") for block in streamed.content)
+
+
+def chatml_ids(tiny_model, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+    """The ids the tiny model's ChatML template gives ``messages`` (OpenAI's shape, no tools)."""
+    tokenizer = tiny_model.tokenizer
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+QUESTION = "Tell me about the prefix cache. " + text(7, 120)  # about 200 tokens: a full block
+NOTE = "From now on answer in one sentence. " + text(8, 40)
+
+
+def test_a_system_message_is_rendered_at_its_place_and_the_next_turn_reads_it(cached, tiny_model) -> None:
+    """``[user, system]``: the prompt is the template's rendering of those two messages, the
+    system one where it stands (count_tokens and usage agree); the next turn (the answer and a
+    new question after them) reads all of that prompt from the cache: it is a prefix of the
+    next turn's."""
+    sdk = client(cached.server)
+    first = [{"role": "user", "content": QUESTION}, {"role": "system", "content": NOTE}]
+    ids = chatml_ids(tiny_model, first)
+    assert sdk.messages.count_tokens(model="tiny", messages=first).input_tokens == len(ids)
+    reply = sdk.messages.create(model="tiny", max_tokens=8, messages=first, extra_body={"temperature": 0})
+    assert reply.usage.input_tokens + reply.usage.cache_creation_input_tokens == len(ids)
+    cached.flush()
+    answer = {"role": "assistant", "content": reply.content[0].text or "ok"}
+    second = sdk.messages.create(
+        model="tiny",
+        max_tokens=4,
+        messages=[*first, answer, {"role": "user", "content": "And why?"}],
+        extra_body={"temperature": 0},
+    )
+    assert second.usage.cache_read_input_tokens >= len(ids)
+
+
+def test_a_breakpoint_on_a_system_message_is_honoured(cached, tiny_model) -> None:
+    """A ``cache_control`` mark on a mid-conversation system message's block stores the prompt to
+    the end of that message: another conversation sharing the history up to it, not after, reads
+    exactly that many tokens."""
+    sdk = client(cached.server)
+    marked = {"type": "text", "text": NOTE, "cache_control": {"type": "ephemeral"}}
+    head = [{"role": "user", "content": QUESTION}, {"role": "system", "content": [marked]}]
+    for after in ("Fine, go on.", "No, stop there and summarise in three words."):
+        messages = [*head, {"role": "assistant", "content": after}, {"role": "user", "content": text(9, 20)}]
+        reply = sdk.messages.create(
+            model="tiny", max_tokens=4, messages=messages, extra_body={"temperature": 0}
+        )
+        cached.flush()
+    to_mark = chatml_ids(
+        tiny_model, [{"role": "user", "content": QUESTION}, {"role": "system", "content": NOTE}], False
+    )
+    assert reply.usage.cache_read_input_tokens == len(to_mark)
+
+
+def test_thinking_blocks_in_the_history_are_accepted_and_not_rendered(cached, tiny_model) -> None:
+    """An assistant turn holding ``thinking`` and ``redacted_thinking`` blocks before its text is
+    rendered as its text alone (as the hosted API drops earlier turns' thinking)."""
+    assistant = [
+        {"type": "thinking", "thinking": "The user wants a list.", "signature": "c2lnbmF0dXJl"},
+        {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"},
+        {"type": "text", "text": "Here is the list."},
+    ]
+    messages = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": assistant},
+        {"role": "user", "content": "Thanks."},
+    ]
+    plain = [messages[0], {"role": "assistant", "content": "Here is the list."}, messages[2]]
+    sdk = client(cached.server)
+    counted = sdk.messages.count_tokens(model="tiny", messages=messages, thinking={"type": "adaptive"})
+    assert counted.input_tokens == len(chatml_ids(tiny_model, plain))
+    reply = sdk.messages.create(model="tiny", max_tokens=4, messages=messages, thinking={"type": "adaptive"})
+    assert all(block.type != "thinking" for block in reply.content)
+
+
+BASE = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "named"),
+    [
+        ({"thinking": {"type": "adaptive"}}, 200, None),
+        ({"thinking": {"type": "adaptive", "display": "omitted"}}, 200, None),
+        ({"thinking": {"type": "disabled"}}, 200, None),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1025}, 200, None),
+        ({"output_config": {"effort": "max"}}, 200, None),
+        ({"thinking": {"type": "sometimes"}}, 400, "thinking.type"),
+        ({"thinking": "adaptive"}, 400, "thinking"),
+        ({"thinking": {"type": "adaptive", "display": "full"}}, 400, "thinking.display"),
+        ({"thinking": {"type": "enabled"}}, 400, "thinking.budget_tokens"),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 1023}, "max_tokens": 4096},
+            400,
+            "thinking.budget_tokens",
+        ),
+        ({"thinking": {"type": "enabled", "budget_tokens": "2048"}}, 400, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048}, "max_tokens": 2048}, 400, "max_tokens"),
+        ({"output_config": {"effort": "extreme"}}, 400, "output_config.effort"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},
+            400,
+            "messages[0].content[0].type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": ""}]},
+            400,
+            "messages[1].content",
+        ),
+        (
+            {"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]},
+            400,
+            "messages[0].content[0].type",
+        ),
+    ],
+)
+def test_thinking_settings_are_checked_as_the_hosted_api_checks_them(cached, fields, status, named) -> None:
+    """Thinking of every accepted shape is answered without thinking blocks; a wrong shape (an
+    unknown type or display, a budget below 1,024, not an integer, or not below ``max_tokens``,
+    an unknown effort, thinking in a user turn, an empty or non-text system message) is a 400 in
+    Anthropic's shape naming the field."""
+    r = httpx.post(f"{cached.server.base_url}/v1/messages", json=BASE | fields, timeout=120)
+    assert r.status_code == status, r.text
+    if status == 200:
+        assert {block["type"] for block in r.json()["content"]} <= {"text"}
+    else:
+        doc = r.json()
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
+        assert named in doc["error"]["message"]
+
+
+def test_a_strict_tool_with_a_keyword_the_grammar_cannot_enforce_is_refused(cached) -> None:
+    """A ``strict`` tool is enforced in full or not served: ``propertyNames`` in its schema is a
+    400 naming the field and the keyword; the same tool not strict is answered with a warning,
+    and a strict tool the grammar enforces in full carries none."""
+    sdk = client(cached.server)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        agent_request(sdk, [USER], tools=[AGENT | {"strict": True}, READ])
+    message = refused.value.body["error"]["message"]
+    assert "tools[0].input_schema" in message and "propertyNames" in message
+    raw = agent_request(sdk, [USER], tools=[READ | {"strict": True}])
+    assert WARNING_HEADER not in raw.headers
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        agent_request(sdk, [USER], tools=[READ | {"strict": "yes"}])
+    assert "tools[0].strict" in refused.value.body["error"]["message"]
