@@ -128,6 +128,8 @@ def plan_answer(
 
 UNIMPLEMENTED = re.compile(r"^Unimplemented keys: (\[.*\])$")
 """llguidance's warning for schema keywords it leaves out (a JSON list of their names)."""
+REPEATED = re.compile(r" \(\d+ times\)$")
+"""What llguidance adds to a warning given more than once for one schema."""
 UNKNOWN_FORMAT = "Unknown format: "
 """llguidance's warning for a ``format`` it does not know (the format follows)."""
 
@@ -135,20 +137,23 @@ UNKNOWN_FORMAT = "Unknown format: "
 def unenforced(param: str, name: str, warnings: tuple[str, ...]) -> list[str]:
     """One line per keyword llguidance left out of tool ``name``'s grammar (``warnings``: its own
     words, ``proxy.tools.grammars.options``), naming the tool's schema field ``param``, the tool
-    and the keyword (JSON-quoted: a line is ASCII, fit for a header)."""
-    keywords: list[str] = []
-    for warning in warnings:
+    and the keyword; another relaxation (``oneOf`` taken as ``anyOf``, ``minProperties`` over
+    optional properties) in llguidance's words. Request text is JSON-quoted: a line is ASCII."""
+    head = f"{param} (tool {json.dumps(name)}): "
+    lines: list[str] = []
+    for warning in (REPEATED.sub("", w) for w in warnings):
         if (found := UNIMPLEMENTED.match(warning)) is not None:
             try:
-                keywords += [str(k) for k in json.loads(found.group(1))]
+                keywords = [str(k) for k in json.loads(found.group(1))]
             except json.JSONDecodeError:
-                keywords.append(warning)
+                keywords = [found.group(1)]
         elif warning.startswith(UNKNOWN_FORMAT):
-            keywords.append(f"format: {warning.removeprefix(UNKNOWN_FORMAT)}")
+            keywords = [f"format: {warning.removeprefix(UNKNOWN_FORMAT)}"]
         else:
-            keywords.append(warning)
-    quoted = (json.dumps(keyword) for keyword in dict.fromkeys(keywords))
-    return [f"{param} (tool {json.dumps(name)}): schema keyword {k} is not enforced" for k in quoted]
+            lines.append(head + json.dumps(warning))
+            continue
+        lines += [f"{head}schema keyword {json.dumps(k)} is not enforced" for k in keywords]
+    return list(dict.fromkeys(lines))
 
 
 def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None:
