@@ -74,14 +74,18 @@ def chat_turn(
     params: Params = CHAT_PARAMS,
     prompt_of: Callable[[list[int]], list[int]] | None = None,
 ) -> Turn:
-    """A chat completion as a turn, with its tools and answer schema (``chat_answer``)."""
+    """A chat completion as a turn, with its tools and answer schema (``chat_answer``; a
+    ``json_schema`` without ``strict: true`` is not strict: ``Turn.schema_strict``)."""
     tools, schema = answer
+    form = body.response_format
+    spec = form.json_schema if form is not None and form.type == "json_schema" else None
     return Turn(
         body.model,
         tenant,
         messages=body.template_messages(),
         tools=tools,
         schema=schema,
+        schema_strict=not isinstance(spec, dict) or bool(spec.get("strict")),
         sampling=sampling(body),
         max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=body.stop_strings(),

@@ -94,6 +94,7 @@ async def start_turn(
             params.schema,
             params.tools,
             turn.call_prefix,
+            turn.schema_strict,
         )
         return prompt, ttl, boundaries, plan
 

@@ -88,6 +88,9 @@ class Turn:
         prompt: a completion's prompt (a string or token ids) when ``messages`` is None.
         tools: the tools and tool choice (None: none).
         schema: the JSON Schema the answer follows (None: free text).
+        schema_strict: whether ``schema`` is enforced in full or refused (OpenAI's ``strict``);
+            else the keywords the grammar cannot enforce are left out of it, with a warning
+            (``proxy.tools.grammars.options``).
         sampling: the sampling fields.
         max_tokens: most tokens to generate (None: up to the context).
         stop: strings that end the answer.
@@ -112,6 +115,7 @@ class Turn:
     prompt: str | list[int] | None = None
     tools: ToolSet | None = None
     schema: dict[str, Any] | None = None
+    schema_strict: bool = True
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()

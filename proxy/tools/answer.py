@@ -96,9 +96,12 @@ def plan_answer(
     schema_param: str,
     tools_param: str,
     id_prefix: str = "call_",
+    schema_strict: bool = True,
 ) -> AnswerPlan:
     """The plan of a request with these tools and, for a JSON answer, this ``schema``; every
-    grammar compiled for the model (run it off the event loop: the first compile is slow).
+    grammar compiled for the model (run it off the event loop: the first compile is slow). A
+    tool that is not ``strict``, and a ``schema`` that is not (``schema_strict``), leave out the
+    keywords the grammar cannot enforce, one warning each (``unenforced``).
 
     Raises:
         OpenAIError: 400 naming the tool (``tools_param`` with ``{i}``) or ``schema_param`` whose
@@ -120,7 +123,8 @@ def plan_answer(
     grammar = None
     if schema is not None:
         check_schema(schema, specials, schema_param)
-        grammar, _ = compiled(partial(grammars.json_grammar, schema), schema_param)
+        grammar, left = compiled(partial(grammars.json_grammar, schema, not schema_strict), schema_param)
+        warnings += unenforced(schema_param, None, left)
     elif tools is not None:
         grammar, _ = compiled(partial(fmt.grammar, tools), "tools")
     return AnswerPlan(fmt, tools, grammar, id_prefix, tuple(warnings))
@@ -134,12 +138,13 @@ UNKNOWN_FORMAT = "Unknown format: "
 """llguidance's warning for a ``format`` it does not know (the format follows)."""
 
 
-def unenforced(param: str, name: str, warnings: tuple[str, ...]) -> list[str]:
-    """One line per keyword llguidance left out of tool ``name``'s grammar (``warnings``: its own
-    words, ``proxy.tools.grammars.options``), naming the tool's schema field ``param``, the tool
-    and the keyword; another relaxation (``oneOf`` taken as ``anyOf``, ``minProperties`` over
-    optional properties) in llguidance's words. Request text is JSON-quoted: a line is ASCII."""
-    head = f"{param} (tool {json.dumps(name)}): "
+def unenforced(param: str, name: str | None, warnings: tuple[str, ...]) -> list[str]:
+    """One line per keyword llguidance left out of the grammar of a schema (``warnings``: its own
+    words, ``proxy.tools.grammars.options``), naming the schema's field ``param``, the tool
+    ``name`` (None: an answer's schema) and the keyword; another relaxation (``oneOf`` taken as
+    ``anyOf``, ``minProperties`` over optional properties) in llguidance's words. Request text is
+    JSON-quoted: a line is ASCII."""
+    head = f"{param} (tool {json.dumps(name)}): " if name is not None else f"{param}: "
     lines: list[str] = []
     for warning in (REPEATED.sub("", w) for w in warnings):
         if (found := UNIMPLEMENTED.match(warning)) is not None:

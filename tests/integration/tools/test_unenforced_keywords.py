@@ -150,3 +150,36 @@ def test_responses_and_messages_serve_a_non_strict_tool_and_refuse_a_strict_one(
     with pytest.raises(anthropic.BadRequestError) as refused:
         sdk.messages.create(**messages, tools=[custom | {"strict": True}])
     assert "propertyNames" in refused.value.body["error"]["message"]
+
+
+def test_a_json_answer_schema_that_is_not_strict_is_served_with_a_warning(cached) -> None:
+    """The same kind in an answer's schema: chat's ``json_schema`` and the Responses API's
+    ``text.format`` without ``strict: true`` are decoded without the keyword (the answer still a
+    JSON object of the enforced shape) and warned of, naming the schema's field; with ``strict:
+    true`` they are a 400 naming the keyword."""
+    schema = parameters({"env": UNENFORCED["propertyNames"]})
+    base = cached.server.base_url
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    form = {"type": "json_schema", "json_schema": {"name": "env", "schema": schema}}
+    r = httpx.post(f"{base}/v1/chat/completions", json=chat | {"response_format": form}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) == {"env": {}}
+    assert (
+        r.headers[WARNING_HEADER]
+        == 'response_format.json_schema.schema: schema keyword "propertyNames" is not enforced'
+    )
+    form["json_schema"]["strict"] = True
+    r = httpx.post(f"{base}/v1/chat/completions", json=chat | {"response_format": form}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema.schema"
+    assert "propertyNames" in r.json()["error"]["message"]
+
+    responses = {"model": "tiny", "input": "hi", "max_output_tokens": 40, "store": False}
+    text = {"format": {"type": "json_schema", "name": "env", "schema": schema, "strict": False}}
+    r = httpx.post(f"{base}/v1/responses", json=responses | {"text": text}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers[WARNING_HEADER] == 'text.format.schema: schema keyword "propertyNames" is not enforced'
