@@ -12,7 +12,7 @@ from typing import Any, Literal, TypedDict
 
 from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
-from proxy.anthropic.protocol import TTL_S, ContentBlock, MessagesRequest
+from proxy.anthropic.protocol import TTL_S, ContentBlock, Message, MessagesRequest
 from proxy.anthropic.thinking import reasoning_error
 from proxy.anthropic.tools import message_tools, tool_breakpoints
 from proxy.http.errors import OpenAIError
@@ -97,9 +97,9 @@ def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], lis
         breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
     turns = body.turns()
     for message in turns:
-        if message is turns[-1] and message.role == "assistant" and not message.content:
-            break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
         blocks = message.blocks()
+        if message is turns[-1] and message.role == "assistant" and not _rendered(message):
+            break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
         for block in blocks:
             if block.type == "tool_result":
                 extra = block.model_extra or {}
@@ -119,6 +119,11 @@ def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], lis
     if body.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
         breakpoints.append((len(messages) - 1, TTL_S[body.cache_control.ttl]))
     return messages, breakpoints
+
+
+def _rendered(message: Message) -> bool:
+    """Whether an assistant turn renders anything (empty content and thinking blocks do not)."""
+    return bool(message.content) and any(b.type in ("text", "tool_use") for b in message.blocks())
 
 
 def result_text(block: Mapping[str, Any]) -> str:

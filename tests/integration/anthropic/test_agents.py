@@ -260,3 +260,12 @@ def test_a_strict_tool_with_a_keyword_the_grammar_cannot_enforce_is_refused(cach
     with pytest.raises(anthropic.BadRequestError) as refused:
         agent_request(sdk, [USER], tools=[READ | {"strict": "yes"}])
     assert "tools[0].strict" in refused.value.body["error"]["message"]
+
+
+def test_a_final_assistant_turn_of_thinking_only_is_no_prefill(cached, tiny_model) -> None:
+    """A final assistant turn that holds only a thinking block renders nothing: the answer is a
+    new turn, as after an empty final assistant turn."""
+    thinking = [{"type": "thinking", "thinking": "Let me see.", "signature": "c2ln"}]
+    messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": thinking}]
+    counted = client(cached.server).messages.count_tokens(model="tiny", messages=messages)
+    assert counted.input_tokens == len(chatml_ids(tiny_model, messages[:1]))
