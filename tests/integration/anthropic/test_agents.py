@@ -23,11 +23,11 @@ SYSTEM = [
     {
         "type": "text",
         "text": "Work in the repository. " + text(4, 200),
-        "cache_control": {"type": "ephemeral"},
+        "cache_control": {"type": "ephemeral", "ttl": "1h", "scope": "global"},
     },
 ]
 """A system prompt shaped like Claude Code's: the billing block, the identity, the instructions
-with its breakpoint."""
+with its breakpoint (an hour, with the ``scope`` Claude Code adds)."""
 AGENT = {
     "name": "Agent",
     "description": "Launch a sub-agent for a task.",
@@ -57,7 +57,7 @@ READ = {
         "properties": {"file_path": {"type": "string"}},
         "required": ["file_path"],
     },
-    "cache_control": {"type": "ephemeral"},
+    "cache_control": {"type": "ephemeral", "ttl": "1h"},
 }
 USER = {
     "role": "user",
