@@ -14,13 +14,17 @@ from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
 from proxy.anthropic.protocol import TTL_S, ContentBlock, Message, MessagesRequest
 from proxy.anthropic.thinking import reasoning_error
-from proxy.anthropic.tools import message_tools, tool_breakpoints
+from proxy.anthropic.tools import message_tools, output_schema, tool_breakpoints
 from proxy.http.errors import OpenAIError
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
 from proxy.tools.rendering import TemplateMessage
 
-PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="")
+PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="output_config.format.schema")
 """Where a Messages body's errors are named."""
+OUTPUT_FORMAT_PARAMS = Params(
+    prompt="messages", tools="tools[{i}].input_schema", schema="output_format.schema"
+)
+"""... in a body with the older top-level ``output_format``."""
 CALL_PREFIX = "toolu_"
 """The prefix of the ids of the answer's ``tool_use`` blocks."""
 
@@ -47,17 +51,31 @@ def check_body(body: MessagesRequest) -> None:
 
 def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
     """The body as a turn: the template messages before any tool definitions go in
-    (``template_messages``), the tools and tool choice, a cache mark per
+    (``template_messages``), the tools and tool choice or the answer's schema
+    (``output_config.format``: ``proxy.anthropic.tools.output_schema``), a cache mark per
     ``cache_control`` breakpoint (one on a tool definition counts only when there are tools to
     write: they come first in the prompt), the prefill, ``temperature``, ``top_p``,
     ``max_tokens`` (None for ``count_tokens``) and ``stop_sequences``.
 
     Raises:
-        OpenAIError: 400 naming a tool field that cannot be honoured
-            (``proxy.anthropic.tools.message_tools``).
+        OpenAIError: 400 naming a tool or format field that cannot be honoured
+            (``proxy.anthropic.tools.message_tools``, ``output_schema``); a format with tools or
+            with a prefill.
     """
     extra = body.model_extra or {}
     tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
+    schema = output_schema(extra.get("output_config"), extra.get("output_format"))
+    if schema is not None and tools is not None:
+        reason = (
+            "output_config.format together with tools is not supported by this server; send one or the other"
+        )
+        raise OpenAIError(400, reason, param="output_config.format", code="unsupported_parameter")
+    filled = prefill(body)
+    if schema is not None and filled is not None:
+        reason = (
+            "output_config.format cannot continue a prefilled assistant turn: its answer is one JSON value"
+        )
+        raise OpenAIError(400, reason, param="output_config.format")
     messages, breakpoints = template_messages(body)
     marks = [CacheMark(index, ttl) for index, ttl in breakpoints]
     if tools is not None:
@@ -67,12 +85,13 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
         tenant,
         messages=messages,
         tools=tools,
+        schema=schema,
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
         max_tokens=body.max_tokens,
         stop=tuple(body.stop_sequences or ()),
         marks=tuple(marks),
-        prefill=prefill(body),
-        params=PARAMS,
+        prefill=filled,
+        params=PARAMS if extra.get("output_format") is None else OUTPUT_FORMAT_PARAMS,
         call_prefix=CALL_PREFIX,
     )
 

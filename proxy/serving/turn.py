@@ -26,7 +26,8 @@ How a dialect fills a turn:
 For Anthropic's Messages API: ``messages`` from the body's ``system`` and turns, its
 ``cache_control`` breakpoints as ``marks`` (``CacheMark(index, ttl)`` for a message,
 ``CacheMark(None, ttl)`` for a tool definition's), ``prefill`` from a final assistant turn,
-``Params(prompt="messages", tools="tools[{i}].input_schema", schema="")`` and
+``Params(prompt="messages", tools="tools[{i}].input_schema", schema="output_config.format.schema")``,
+``schema`` from ``output_config.format``, and
 ``call_prefix="toolu_"``; the usage's ``written_tokens`` is ``cache_creation_input_tokens`` and
 its ``uncached_tokens`` the ``input_tokens``.
 """

@@ -8,6 +8,8 @@ accepted and not rendered, and a tool whose schema uses a keyword the grammar ca
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -269,3 +271,67 @@ def test_a_final_assistant_turn_of_thinking_only_is_no_prefill(cached, tiny_mode
     messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": thinking}]
     counted = client(cached.server).messages.count_tokens(model="tiny", messages=messages)
     assert counted.input_tokens == len(chatml_ids(tiny_model, messages[:1]))
+
+
+VERDICT = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "reason": {"type": "string", "maxLength": 8}},
+    "required": ["answer", "reason"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_is_decoded_under_its_schema(cached) -> None:
+    """``output_config.format`` (and the older ``output_format``) is honoured: the answer's text is
+    one JSON value of the schema, its effort beside it changing nothing."""
+    sdk = client(cached.server)
+    question = [{"role": "user", "content": "Is the cache warm?"}]
+    for fields in (
+        {"output_config": {"format": {"type": "json_schema", "schema": VERDICT}, "effort": "low"}},
+        {"extra_body": {"output_format": {"type": "json_schema", "schema": VERDICT}}},
+    ):
+        reply = sdk.messages.create(model="tiny", max_tokens=40, messages=question, **fields)
+        value = json.loads(reply.content[0].text)
+        assert set(value) == {"answer", "reason"} and value["answer"] in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"output_config": {"format": {"type": "text"}}}, "output_config.format.type"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+        (
+            {
+                "output_config": {"format": {"type": "json_schema", "schema": VERDICT}},
+                "output_format": {"type": "json_schema", "schema": VERDICT},
+            },
+            "output_format",
+        ),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": VERDICT}}, "tools": [READ]},
+            "output_config.format",
+        ),
+        (
+            {
+                "output_config": {"format": {"type": "json_schema", "schema": VERDICT}},
+                "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}],
+            },
+            "output_config.format",
+        ),
+        (
+            {
+                "output_config": {
+                    "format": {"type": "json_schema", "schema": AGENT["input_schema"]},
+                }
+            },
+            "propertyNames",
+        ),
+    ],
+)
+def test_a_structured_output_that_cannot_be_honoured_is_refused(cached, fields, named) -> None:
+    """A format that is not a JSON schema, both spellings at once, a format with tools or after
+    a prefill, a schema keyword the grammar cannot enforce (structured outputs are strict): a 400
+    in Anthropic's shape naming it."""
+    r = httpx.post(f"{cached.server.base_url}/v1/messages", json=BASE | fields, timeout=120)
+    assert r.status_code == 400, r.text
+    assert named in r.json()["error"]["message"]
