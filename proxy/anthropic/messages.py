@@ -13,8 +13,9 @@ from proxy.anthropic.caching import creation
 from proxy.anthropic.named import messages_body
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content
-from proxy.anthropic.turns import check_body, messages_turn
+from proxy.anthropic.turns import check_body, messages_turn, system_role_refused
 from proxy.http.auth import Tenant
+from proxy.http.errors import OpenAIError
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.prompts import layout, render_turn
 from proxy.serving.starting import finish_turn, start_turn
@@ -57,7 +58,12 @@ async def count_tokens(
         layout(tokenizer, turn, prompt, settings.max_ttl)
         return len(prompt.ids)
 
-    return {"input_tokens": await run_in_threadpool(rendered)}
+    try:
+        return {"input_tokens": await run_in_threadpool(rendered)}
+    except OpenAIError as exc:
+        if (refused := system_role_refused(body, exc)) is None:
+            raise
+        raise refused from exc
 
 
 @router.post("/v1/messages")
@@ -71,7 +77,12 @@ async def messages(
     body = await messages_body(request, engine, body, tenant)
     tokenizer, facts = served_model(engine)
     turn = await run_in_threadpool(accept, facts, body, tenant)
-    begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    try:
+        begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
+    except OpenAIError as exc:
+        if (refused := system_role_refused(body, exc)) is None:
+            raise
+        raise refused from exc
     started, message_id = begun.started, new_id("msg", "_")
     split = creation(begun.generation.cache_ttl_s, settings.ttl, started.done.cached_tokens, started.written)
     if body.stream:

@@ -17,7 +17,7 @@ from proxy.anthropic.thinking import reasoning_error
 from proxy.anthropic.tools import message_tools, output_schema, tool_breakpoints
 from proxy.http.errors import OpenAIError
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
-from proxy.tools.rendering import TemplateMessage
+from proxy.tools.rendering import REJECTED, TemplateMessage
 
 PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="output_config.format.schema")
 """Where a Messages body's errors are named."""
@@ -94,6 +94,25 @@ def messages_turn(body: MessagesRequest, tenant: str) -> Turn:
         params=PARAMS if extra.get("output_format") is None else OUTPUT_FORMAT_PARAMS,
         call_prefix=CALL_PREFIX,
     )
+
+
+def system_role_refused(body: MessagesRequest, error: OpenAIError) -> OpenAIError | None:
+    """When ``error`` is the chat template refusing a body that holds a ``system`` message inside
+    ``messages``: the hosted API's own refusal of that role (``Unexpected role "system"``
+    ... ``input message role``), the words agents recover on: Claude Code then sends the
+    instruction as user text. None for any other error.
+
+    NOTE: a template may allow system messages only first (the server cannot place one where it
+    stands then); the hosted API answers models without the feature this way."""
+    inside = any(message.role == "system" for message in body.messages)
+    if not inside or error.status != 400 or not error.message.startswith(REJECTED):
+        return None
+    reason = (
+        'messages: Unexpected role "system": this model\'s chat template cannot place a system '
+        f"message inside the conversation ({error.message}). Send instructions in the top-level "
+        '`system` parameter, not "system" as an input message role.'
+    )
+    return OpenAIError(400, reason, param="messages")
 
 
 def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:

@@ -8,13 +8,16 @@ accepted and not rendered, and a tool whose schema uses a keyword the grammar ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import anthropic
 import httpx
 import pytest
 
+from engine.model.loading import LoadedModel, load_model
 from proxy.http.warnings import WARNING_HEADER
+from tests.helpers import build_tiny_model
 from tests.replicas import text
 
 BETA = "mid-conversation-system-2026-04-07"
@@ -335,3 +338,39 @@ def test_a_structured_output_that_cannot_be_honoured_is_refused(cached, fields, 
     r = httpx.post(f"{cached.server.base_url}/v1/messages", json=BASE | fields, timeout=120)
     assert r.status_code == 400, r.text
     assert named in r.json()["error"]["message"]
+
+
+SYSTEM_FIRST_ONLY = (
+    "{% for message in messages %}{% if message['role'] == 'system' and not loop.first %}"
+    "{{ raise_exception('System role only at the beginning') }}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML that allows a system message only first (as some models' templates do)."""
+
+
+@pytest.fixture(scope="module")
+def system_first_model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    path = build_tiny_model(tmp_path_factory.mktemp("system-first"), chat_template=SYSTEM_FIRST_ONLY)
+    loaded = load_model(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
+    return dataclasses.replace(loaded, name="tiny")
+
+
+def test_a_template_that_cannot_place_a_system_message_gets_the_hosted_refusal(
+    settings, system_first_model, serve
+) -> None:
+    """On a model whose template takes a system message only first, a system message inside the
+    conversation is a 400 in the hosted API's words for that role (``Unexpected role "system"``,
+    ``input message role``: Claude Code then resends the instruction as user text), on
+    ``/v1/messages`` and ``count_tokens``; a body without one is served as usual."""
+    with serve(settings, system_first_model) as server:
+        sdk = client(server)
+        for call in (sdk.messages.create, sdk.messages.count_tokens):
+            extra = {"max_tokens": 4} if call == sdk.messages.create else {}
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                call(model="tiny", messages=[USER, REMINDER], **extra)
+            message = refused.value.body["error"]["message"]
+            assert "Unexpected role" in message and "input message role" in message
+            assert "System role only at the beginning" in message
+        reply = sdk.messages.create(model="tiny", max_tokens=4, system=SYSTEM, messages=[USER])
+        assert reply.usage.output_tokens > 0
