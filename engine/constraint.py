@@ -13,6 +13,7 @@ vLLM's and SGLang's structured output.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from functools import lru_cache
@@ -43,7 +44,7 @@ class Verdicts:
 
     NOTE: keyed by a digest of the grammar, not the grammar itself: grammars come from request
     schemas (megabytes each, possibly), so the cache holds 32-byte keys and the verdicts' text
-    (an error message, "" for a grammar that compiles), and evicts the least recently used past
+    (an error or warnings, "" for a grammar that compiles cleanly), and evicts the least recently used past
     ``max_bytes``. Safe to use from several threads.
     """
 
@@ -81,19 +82,31 @@ _VERDICTS = Verdicts(max_bytes=4 * 1024 * 1024)
 """Once per grammar: an agent sends the same tools with every request (4 MiB hold ~20,000)."""
 
 
-def check_grammar(tokenizer: Any, vocab_size: int, grammar: str) -> None:
+def check_grammar(tokenizer: Any, vocab_size: int, grammar: str) -> tuple[str, ...]:
     """Compile ``grammar`` against the tokenizer, once per distinct grammar (``_VERDICTS``).
+
+    Returns:
+        llguidance's warnings: what a lenient schema (``"lenient": true`` in its ``x-guidance``)
+        left unenforced, e.g. ``Unimplemented keys: ["propertyNames"]`` or ``Unknown format: x``;
+        empty for a grammar enforced in full.
 
     Raises:
         GrammarError: llguidance's message, e.g. ``Unimplemented keys: ["not"]``.
     """
     key = (tokenizer, vocab_size, hashlib.sha256(grammar.encode()).digest())
-    error = _VERDICTS.get(key)
-    if error is None:
-        error = str(llguidance.LLMatcher.validate_grammar(grammar, _tokenizer(tokenizer, vocab_size)))
-        _VERDICTS.put(key, error)
-    if error:
-        raise GrammarError(error)
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, _tokenizer(tokenizer, vocab_size)
+        )
+        # NOTE: a verdict is text (the cache weighs it by its length): "" for a clean compile,
+        # else JSON ``[failed, messages]``
+        verdict = json.dumps([failed, messages]) if failed or messages else ""
+        _VERDICTS.put(key, verdict)
+    failed, messages = json.loads(verdict) if verdict else (False, [])
+    if failed:
+        raise GrammarError("; ".join(messages))
+    return tuple(messages)
 
 
 class Constraint:

@@ -14,9 +14,10 @@ from proxy.anthropic.limits import context_error
 from proxy.anthropic.named import messages_body
 from proxy.anthropic.streaming import events
 from proxy.anthropic.tools import content
-from proxy.anthropic.turns import check_body, messages_turn
+from proxy.anthropic.turns import check_body, messages_turn, system_role_refused
 from proxy.config import Settings
 from proxy.http.auth import Tenant
+from proxy.http.errors import OpenAIError
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.prompts import layout, render_turn
 from proxy.serving.starting import finish_turn, start_turn
@@ -59,7 +60,12 @@ async def count_tokens(
         layout(tokenizer, turn, prompt, settings.max_ttl)
         return len(prompt.ids)
 
-    return {"input_tokens": await run_in_threadpool(rendered)}
+    try:
+        return {"input_tokens": await run_in_threadpool(rendered)}
+    except OpenAIError as exc:
+        if (refused := system_role_refused(body, exc)) is None:
+            raise
+        raise refused from exc
 
 
 @router.post("/v1/messages")
@@ -77,6 +83,10 @@ async def messages(
         begun = await start_turn(turn, request, engine, tokenizer, facts, settings)
     except ContextExceeded as exc:
         raise context_error(exc) from None
+    except OpenAIError as exc:
+        if (refused := system_role_refused(body, exc)) is None:
+            raise
+        raise refused from exc
     started, message_id = begun.started, new_id("msg", "_")
     # NOTE: split as the client asked, whatever longer TTL the blocks are kept under (--client-ttl)
     split = creation(begun.asked_ttl, settings.ttl, started.done.cached_tokens, started.written)

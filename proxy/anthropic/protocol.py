@@ -44,7 +44,7 @@ class ContentBlock(_Lenient):
 
 
 class Message(_Lenient):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # NOTE: system: a mid-conversation instruction
     content: str | list[ContentBlock]
 
     def blocks(self) -> list[ContentBlock]:
@@ -79,12 +79,8 @@ class MessagesRequest(_Lenient):
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, reason)`` for the first field this server cannot honour, if any."""
-        extra = self.model_extra or {}
-        for name in ("thinking", "top_k"):
-            if extra.get(name) is not None and not (
-                name == "thinking" and extra[name] == {"type": "disabled"}
-            ):
-                return name, f"`{name}` is not supported by this server"
+        if (self.model_extra or {}).get("top_k") is not None:
+            return "top_k", "`top_k` is not supported by this server"
         system = self.system if isinstance(self.system, list) else []
         for i, block in enumerate(system):
             if block.type != "text":
@@ -120,8 +116,13 @@ class MessagesRequest(_Lenient):
         return None
 
 
-BLOCK_TYPES = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
-"""The content blocks each role may send."""
+BLOCK_TYPES = {
+    "user": ("text", "tool_result"),
+    "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
+    "system": ("text",),
+}
+"""The content blocks each role may send (an assistant's thinking blocks are not rendered:
+``proxy.anthropic.thinking``)."""
 
 
 class CountTokensRequest(MessagesRequest):

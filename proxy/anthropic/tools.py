@@ -1,8 +1,9 @@
-"""Anthropic's tool fields (``tools``, ``tool_choice``) as kvproxy's ``ToolSet``; the reply's
-``tool_use`` blocks.
+"""Anthropic's tool fields (``tools``, ``tool_choice``) as kvproxy's ``ToolSet``, its structured
+output's schema (``output_config.format``); the reply's ``tool_use`` blocks.
 
-Source: Anthropic's API reference, Messages (tool use) and Prompt caching (tools come first in
-the cache order: tools, system, messages).
+Source: Anthropic's API reference, Messages (tool use; ``output_config.format``, a ``json_schema``
+with its ``schema``; the older ``output_format`` and both together refused, as the SDK refuses
+them) and Prompt caching (tools come first in the cache order: tools, system, messages).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Literal, TypedDict, cast
 
 from proxy.anthropic.protocol import TTL_S
 from proxy.http.errors import OpenAIError
+from proxy.tools.grammars import closed
 from proxy.tools.limits import SchemaBudget, check_tool_count
 from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, json_value, make_tool, tool_set
 
@@ -38,7 +40,7 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
             )
         param = f"tools[{i}]"
         fields = (tool.get("name"), tool.get("description"), tool.get("input_schema"))
-        defined.append(make_tool(*fields, param, "input_schema", budget))
+        defined.append(make_tool(*fields, param, "input_schema", budget, tool.get("strict")))
     choice = choice or {"type": "auto"}
     if not isinstance(choice, dict) or choice.get("type") not in CHOICES:
         raise OpenAIError(400, "tool_choice.type is one of auto, any, tool, none", param="tool_choice.type")
@@ -47,6 +49,31 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
     parallel = False if choice.get("disable_parallel_tool_use") else None
     mode = cast(Mode, CHOICES[choice["type"]])
     return tool_set(defined, mode, choice.get("name"), parallel, "tool_choice")
+
+
+def output_schema(output_config: Any, output_format: Any) -> dict[str, Any] | None:
+    """The JSON Schema a Messages answer follows (Anthropic's structured outputs:
+    ``output_config.format``, or the older top-level ``output_format``), closed as the hosted API
+    requires (``proxy.tools.grammars.closed``); None: free text.
+
+    Raises:
+        OpenAIError: 400 naming the field: both given, a format that is not ``{"type":
+            "json_schema", "schema": {...}}``, a schema over the limits (``proxy.tools.limits``).
+    """
+    inner = output_config.get("format") if isinstance(output_config, dict) else None
+    if inner is not None and output_format is not None:
+        reason = "Both output_format and output_config.format were provided; send only output_config.format"
+        raise OpenAIError(400, reason, param="output_format")
+    form, param = (inner, "output_config.format") if inner is not None else (output_format, "output_format")
+    if form is None:
+        return None
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        raise OpenAIError(400, f"{param}.type: Input should be 'json_schema'", param=f"{param}.type")
+    schema = form.get("schema")
+    if not isinstance(schema, dict):
+        raise OpenAIError(400, f"{param}.schema: a JSON Schema object is required", param=f"{param}.schema")
+    SchemaBudget().check(schema, f"{param}.schema")
+    return closed(schema)
 
 
 def tool_breakpoints(tools: Any) -> list[int]:

@@ -12,15 +12,20 @@ from typing import Any, Literal, TypedDict
 
 from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
-from proxy.anthropic.protocol import TTL_S, ContentBlock, MessagesRequest
-from proxy.anthropic.tools import message_tools, tool_breakpoints
+from proxy.anthropic.protocol import TTL_S, ContentBlock, Message, MessagesRequest
+from proxy.anthropic.thinking import reasoning_error
+from proxy.anthropic.tools import message_tools, output_schema, tool_breakpoints
 from proxy.http.errors import OpenAIError
 from proxy.serving.metadata import LeftOut, leave_out
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
-from proxy.tools.rendering import TemplateMessage
+from proxy.tools.rendering import REJECTED, TemplateMessage
 
-PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="")
+PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="output_config.format.schema")
 """Where a Messages body's errors are named."""
+OUTPUT_FORMAT_PARAMS = Params(
+    prompt="messages", tools="tools[{i}].input_schema", schema="output_format.schema"
+)
+"""... in a body with the older top-level ``output_format``."""
 CALL_PREFIX = "toolu_"
 """The prefix of the ids of the answer's ``tool_use`` blocks."""
 
@@ -31,12 +36,16 @@ def check_body(body: MessagesRequest) -> None:
     Raises:
         OpenAIError: 400 naming the field: one not supported (``unsupported_parameter``), text
             Anthropic refuses (``proxy.anthropic.content.content_error``), a broken caching rule
-            (``proxy.anthropic.caching.breakpoint_error``).
+            (``proxy.anthropic.caching.breakpoint_error``), reasoning settings of a wrong shape
+            (``proxy.anthropic.thinking.reasoning_error``; of the right shape they are satisfied
+            by an answer without thinking).
     """
     if (unsupported := body.unsupported_field()) is not None:
         param, reason = unsupported
         raise OpenAIError(400, reason, param=param, code="unsupported_parameter")
-    for broken in (content_error(body), breakpoint_error(body)):
+    extra = body.model_extra or {}
+    reasoning = reasoning_error(extra.get("thinking"), extra.get("output_config"), body.max_tokens)
+    for broken in (reasoning, content_error(body), breakpoint_error(body)):
         if broken is not None:
             raise OpenAIError(400, broken[1], param=broken[0])
 
@@ -44,18 +53,32 @@ def check_body(body: MessagesRequest) -> None:
 def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = False) -> Turn:
     """The body as a turn: the template messages before any tool definitions go in
     (``template_messages``; known client metadata left out of the system blocks unless
-    ``keep_metadata``: ``without_metadata``), the tools and tool choice, a cache mark per
+    ``keep_metadata``: ``without_metadata``), the tools and tool choice or the answer's schema
+    (``output_config.format``: ``proxy.anthropic.tools.output_schema``), a cache mark per
     ``cache_control`` breakpoint (one on a tool definition counts only when there are tools to
     write: they come first in the prompt), the prefill, ``temperature``, ``top_p``,
     ``max_tokens`` (None for ``count_tokens``) and ``stop_sequences``.
 
     Raises:
-        OpenAIError: 400 naming a tool field that cannot be honoured
-            (``proxy.anthropic.tools.message_tools``).
+        OpenAIError: 400 naming a tool or format field that cannot be honoured
+            (``proxy.anthropic.tools.message_tools``, ``output_schema``); a format with tools or
+            with a prefill.
     """
     body, left_out = (body, ()) if keep_metadata else without_metadata(body)
     extra = body.model_extra or {}
     tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
+    schema = output_schema(extra.get("output_config"), extra.get("output_format"))
+    if schema is not None and tools is not None:
+        reason = (
+            "output_config.format together with tools is not supported by this server; send one or the other"
+        )
+        raise OpenAIError(400, reason, param="output_config.format", code="unsupported_parameter")
+    filled = prefill(body)
+    if schema is not None and filled is not None:
+        reason = (
+            "output_config.format cannot continue a prefilled assistant turn: its answer is one JSON value"
+        )
+        raise OpenAIError(400, reason, param="output_config.format")
     messages, breakpoints = template_messages(body)
     marks = [CacheMark(index, ttl) for index, ttl in breakpoints]
     if tools is not None:
@@ -65,12 +88,13 @@ def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = Fals
         tenant,
         messages=messages,
         tools=tools,
+        schema=schema,
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
         max_tokens=body.max_tokens,
         stop=tuple(body.stop_sequences or ()),
         marks=tuple(marks),
-        prefill=prefill(body),
-        params=PARAMS,
+        prefill=filled,
+        params=PARAMS if extra.get("output_format") is None else OUTPUT_FORMAT_PARAMS,
         call_prefix=CALL_PREFIX,
         left_out=left_out,
     )
@@ -98,11 +122,35 @@ def without_metadata(body: MessagesRequest) -> tuple[MessagesRequest, tuple[Left
     return body.model_copy(update={"system": blocks}), tuple(left_out)
 
 
+def system_role_refused(body: MessagesRequest, error: OpenAIError) -> OpenAIError | None:
+    """When ``error`` is the chat template refusing a body that holds a ``system`` message inside
+    ``messages``: the hosted API's own refusal of that role (``Unexpected role "system"``
+    ... ``input message role``), the words agents recover on: Claude Code then sends the
+    instruction as user text. None for any other error.
+
+    NOTE: a template may allow system messages only first (the server cannot place one where it
+    stands then); the hosted API answers models without the feature this way."""
+    inside = any(message.role == "system" for message in body.messages)
+    if not inside or error.status != 400 or not error.message.startswith(REJECTED):
+        return None
+    reason = (
+        'messages: Unexpected role "system": this model\'s chat template cannot place a system '
+        f"message inside the conversation ({error.message}). Send instructions in the top-level "
+        '`system` parameter, not "system" as an input message role.'
+    )
+    return OpenAIError(400, reason, param="messages")
+
+
 def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], list[tuple[int, int]]]:
     """A Messages body's system prompt and messages as chat templates take them (OpenAI's shape:
     an assistant's ``tool_use`` blocks as ``tool_calls``, each ``tool_result`` as a ``tool``
-    message before the user's text), and the ``cache_control`` breakpoints as ``(index of the
-    template message that holds it, TTL in seconds)``."""
+    message before the user's text, a ``system`` message as a system message where it stands, an
+    assistant's thinking blocks left out), and the ``cache_control`` breakpoints as ``(index of
+    the template message that holds it, TTL in seconds)``.
+
+    NOTE: a mid-conversation system message is rendered at its place, never moved into the
+    system prompt: the prompt up to it stays the prefix the earlier turns stored, and the chat
+    template decides how a system message there looks (one that cannot render it is a 400)."""
     messages: list[TemplateMessage] = []
     breakpoints: list[tuple[int, int]] = []
     if body.system is not None:
@@ -113,9 +161,9 @@ def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], lis
         breakpoints += [(0, TTL_S[b.cache_control.ttl]) for b in system if b.cache_control]
     turns = body.turns()
     for message in turns:
-        if message is turns[-1] and message.role == "assistant" and not message.content:
-            break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
         blocks = message.blocks()
+        if message is turns[-1] and message.role == "assistant" and not _rendered(message):
+            break  # NOTE: an empty final assistant turn is no prefill: the answer is a new turn
         for block in blocks:
             if block.type == "tool_result":
                 extra = block.model_extra or {}
@@ -135,6 +183,11 @@ def template_messages(body: MessagesRequest) -> tuple[list[TemplateMessage], lis
     if body.cache_control is not None:  # NOTE: automatic caching marks the end of the last message
         breakpoints.append((len(messages) - 1, TTL_S[body.cache_control.ttl]))
     return messages, breakpoints
+
+
+def _rendered(message: Message) -> bool:
+    """Whether an assistant turn renders anything (empty content and thinking blocks do not)."""
+    return bool(message.content) and any(b.type in ("text", "tool_use") for b in message.blocks())
 
 
 def result_text(block: Mapping[str, Any]) -> str:

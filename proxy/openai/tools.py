@@ -77,7 +77,7 @@ def function_tools(definitions: list[Any] | None) -> list[Tool]:
             raise OpenAIError(400, "a function tool has a `function` object", param=f"tools[{i}].function")
         param = f"tools[{i}].function"
         fields = (function.get("name"), function.get("description"), function.get("parameters"))
-        tools.append(make_tool(*fields, param, budget=budget))
+        tools.append(make_tool(*fields, param, budget=budget, strict=function.get("strict")))
     return tools
 
 

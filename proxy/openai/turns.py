@@ -75,10 +75,13 @@ def chat_turn(
     params: Params = CHAT_PARAMS,
     prompt_of: Callable[[list[int]], list[int]] | None = None,
 ) -> Turn:
-    """A chat completion as a turn, with its tools and answer schema (``chat_answer``); known client
+    """A chat completion as a turn, with its tools and answer schema (``chat_answer``; a
+    ``json_schema`` without ``strict: true`` is not strict: ``Turn.schema_strict``); known client
     metadata at the start of a system message left out unless ``--keep-client-metadata``
     (``proxy.serving.metadata``: such as an Anthropic client's header a gateway passed on)."""
     tools, schema = answer
+    form = body.response_format
+    spec = form.json_schema if form is not None and form.type == "json_schema" else None
     messages = body.template_messages()
     left_out: tuple[LeftOut, ...] = ()
     if not settings.keep_client_metadata:
@@ -89,6 +92,7 @@ def chat_turn(
         messages=messages,
         tools=tools,
         schema=schema,
+        schema_strict=not isinstance(spec, dict) or bool(spec.get("strict")),
         sampling=sampling(body),
         max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=body.stop_strings(),

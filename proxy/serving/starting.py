@@ -20,6 +20,7 @@ from engine.sampling import SamplingParams
 from engine.worker import Engine
 from proxy.config import Settings
 from proxy.http.errors import OpenAIError
+from proxy.http.warnings import warning_headers
 from proxy.serving.ahead import next_turn_start
 from proxy.serving.facts import ModelFacts
 from proxy.serving.prompts import layout, render_turn
@@ -76,7 +77,8 @@ async def start_turn(
     its TTL plan and tail boundaries (``layout``; the blocks kept as ``kept_ttl`` says) and its
     answer's grammar (``plan_answer``); then the engine's request, submitted, with render-ahead
     of the next turn's start (chats) and the tool definitions' span for an explanation (which
-    also names the client metadata the dialect left out). Returns once the prompt is computed.
+    also names the client metadata the dialect left out). Returns once the prompt is computed, its
+    headers holding the turn's and its plan's warnings (``proxy.http.warnings``).
 
     Raises:
         OpenAIError: 404 for a model not served; 400 naming the field (``Turn.params``) the
@@ -96,6 +98,7 @@ async def start_turn(
             params.schema,
             params.tools,
             turn.call_prefix,
+            turn.schema_strict,
         )
         return prompt, ttl, boundaries, plan
 
@@ -115,6 +118,7 @@ async def start_turn(
     started = await start(request, engine, tokenizer, facts, generation, ahead, span)
     if started.explanation is not None and turn.left_out:
         started.explanation = dataclasses.replace(started.explanation, left_out=turn.left_out)
+    started.headers.update(warning_headers(turn.warnings + plan.warnings))
     return Begun(turn, prompt, plan, generation, started, asked)
 
 

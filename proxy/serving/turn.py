@@ -28,7 +28,8 @@ How a dialect fills a turn:
 For Anthropic's Messages API: ``messages`` from the body's ``system`` and turns, its
 ``cache_control`` breakpoints as ``marks`` (``CacheMark(index, ttl)`` for a message,
 ``CacheMark(None, ttl)`` for a tool definition's), ``prefill`` from a final assistant turn,
-``Params(prompt="messages", tools="tools[{i}].input_schema", schema="")`` and
+``Params(prompt="messages", tools="tools[{i}].input_schema", schema="output_config.format.schema")``,
+``schema`` from ``output_config.format``, and
 ``call_prefix="toolu_"``; the usage's ``written_tokens`` is ``cache_creation_input_tokens`` and
 its ``uncached_tokens`` the ``input_tokens``.
 """
@@ -91,6 +92,9 @@ class Turn:
         prompt: a completion's prompt (a string or token ids) when ``messages`` is None.
         tools: the tools and tool choice (None: none).
         schema: the JSON Schema the answer follows (None: free text).
+        schema_strict: whether ``schema`` is enforced in full or refused (OpenAI's ``strict``);
+            else the keywords the grammar cannot enforce are left out of it, with a warning
+            (``proxy.tools.grammars.options``).
         sampling: the sampling fields.
         max_tokens: most tokens to generate (None: up to the context).
         stop: strings that end the answer.
@@ -107,6 +111,8 @@ class Turn:
             conversation's stored ids continued (``proxy.responses``).
         left_out: client metadata the dialect left out of ``messages``
             (``proxy.serving.metadata``), reported by the explanation.
+        warnings: what the dialect did not do as the body asked, one ASCII line each (answered in
+            ``x-kvproxy-warning``, ``proxy.http.warnings``, with the answer plan's).
     """
 
     model: str
@@ -115,6 +121,7 @@ class Turn:
     prompt: str | list[int] | None = None
     tools: ToolSet | None = None
     schema: dict[str, Any] | None = None
+    schema_strict: bool = True
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -129,6 +136,7 @@ class Turn:
     call_prefix: str = "call_"
     prompt_of: Callable[[list[int]], list[int]] | None = None
     left_out: tuple[LeftOut, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ text split into content and tool calls, whole or while it streams."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,12 +20,14 @@ from proxy.tools.spec import Arguments, CallStart, Piece, Text, ToolCall, ToolSe
 
 @dataclass(frozen=True)
 class AnswerPlan:
-    """A request's answer: its format, its tools (None: no tools), its grammar (None: free)."""
+    """A request's answer: its format, its tools (None: no tools), its grammar (None: free), and
+    what its grammar leaves unenforced (``unenforced``: one line per tool and keyword)."""
 
     format: ToolFormat
     tools: ToolSet | None = None
     grammar: str | None = None
     id_prefix: str = "call_"
+    warnings: tuple[str, ...] = ()
 
     @property
     def reads_calls(self) -> bool:
@@ -92,9 +96,12 @@ def plan_answer(
     schema_param: str,
     tools_param: str,
     id_prefix: str = "call_",
+    schema_strict: bool = True,
 ) -> AnswerPlan:
     """The plan of a request with these tools and, for a JSON answer, this ``schema``; every
-    grammar compiled for the model (run it off the event loop: the first compile is slow).
+    grammar compiled for the model (run it off the event loop: the first compile is slow). A
+    tool that is not ``strict``, and a ``schema`` that is not (``schema_strict``), leave out the
+    keywords the grammar cannot enforce, one warning each (``unenforced``).
 
     Raises:
         OpenAIError: 400 naming the tool (``tools_param`` with ``{i}``) or ``schema_param`` whose
@@ -103,18 +110,55 @@ def plan_answer(
     fmt = tool_format(tokenizer)
     specials = special_strings(tokenizer)
     compiled = partial(compile_grammar, tokenizer, vocab_size)
+    warnings: list[str] = []
     if tools is not None:
         for i, tool in enumerate(tools.tools):
             param = tools_param.format(i=i)
             check_schema(tool.parameters, specials, param)
-            compiled(partial(grammars.json_grammar, grammars.closed(tool.parameters)), param)
+            lenient = not tool.strict
+            _, left = compiled(
+                partial(grammars.json_grammar, grammars.closed(tool.parameters), lenient), param
+            )
+            warnings += unenforced(param, tool.name, left)
     grammar = None
     if schema is not None:
         check_schema(schema, specials, schema_param)
-        grammar = compiled(partial(grammars.json_grammar, schema), schema_param)
+        grammar, left = compiled(partial(grammars.json_grammar, schema, not schema_strict), schema_param)
+        warnings += unenforced(schema_param, None, left)
     elif tools is not None:
-        grammar = compiled(partial(fmt.grammar, tools), "tools")
-    return AnswerPlan(fmt, tools, grammar, id_prefix)
+        grammar, _ = compiled(partial(fmt.grammar, tools), "tools")
+    return AnswerPlan(fmt, tools, grammar, id_prefix, tuple(warnings))
+
+
+UNIMPLEMENTED = re.compile(r"^Unimplemented keys: (\[.*\])$")
+"""llguidance's warning for schema keywords it leaves out (a JSON list of their names)."""
+REPEATED = re.compile(r" \(\d+ times\)$")
+"""What llguidance adds to a warning given more than once for one schema."""
+UNKNOWN_FORMAT = "Unknown format: "
+"""llguidance's warning for a ``format`` it does not know (the format follows)."""
+
+
+def unenforced(param: str, name: str | None, warnings: tuple[str, ...]) -> list[str]:
+    """One line per keyword llguidance left out of the grammar of a schema (``warnings``: its own
+    words, ``proxy.tools.grammars.options``), naming the schema's field ``param``, the tool
+    ``name`` (None: an answer's schema) and the keyword; another relaxation (``oneOf`` taken as
+    ``anyOf``, ``minProperties`` over optional properties) in llguidance's words. Request text is
+    JSON-quoted: a line is ASCII."""
+    head = f"{param} (tool {json.dumps(name)}): " if name is not None else f"{param}: "
+    lines: list[str] = []
+    for warning in (REPEATED.sub("", w) for w in warnings):
+        if (found := UNIMPLEMENTED.match(warning)) is not None:
+            try:
+                keywords = [str(k) for k in json.loads(found.group(1))]
+            except json.JSONDecodeError:
+                keywords = [found.group(1)]
+        elif warning.startswith(UNKNOWN_FORMAT):
+            keywords = [f"format: {warning.removeprefix(UNKNOWN_FORMAT)}"]
+        else:
+            lines.append(head + json.dumps(warning))
+            continue
+        lines += [f"{head}schema keyword {json.dumps(k)} is not enforced" for k in keywords]
+    return list(dict.fromkeys(lines))
 
 
 def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None:
@@ -127,18 +171,19 @@ def check_schema(schema: dict[str, Any], specials: set[str], param: str) -> None
 
 def compile_grammar(
     tokenizer: Any, vocab_size: int, build: Callable[[], str | None], param: str
-) -> str | None:
+) -> tuple[str | None, tuple[str, ...]]:
     """The grammar ``build`` makes (None: none), compiled once for the model of ``tokenizer``
-    and ``vocab_size`` (slow the first time: run it off the event loop).
+    and ``vocab_size`` (slow the first time: run it off the event loop), and llguidance's
+    warnings on it (what a lenient schema left unenforced: ``engine.constraint.check_grammar``).
 
     Raises:
         OpenAIError: 400 naming ``param`` with llguidance's message (a schema feature it does not
-            support, a bad ``pattern``, a schema nested past its parser's limit).
+            support in a strict schema, a bad ``pattern``, a schema nested past its parser's
+            limit).
     """
     try:
         grammar = build()
-        if grammar is not None:
-            check_grammar(tokenizer, vocab_size, grammar)
+        warnings = check_grammar(tokenizer, vocab_size, grammar) if grammar is not None else ()
     except (GrammarError, ValueError) as exc:  # NOTE: llguidance's builders raise ValueError
         raise OpenAIError(400, f"this schema cannot be enforced: {exc}", param=param) from exc
-    return grammar
+    return grammar, warnings

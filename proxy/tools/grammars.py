@@ -22,14 +22,25 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 """llguidance's JSON options: compact, with the separators of ``json.dumps``."""
 
 
-def json_grammar(schema: dict[str, Any]) -> str:
-    """A whole answer that is one JSON value of ``schema``."""
-    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+def options(lenient: bool) -> dict[str, Any]:
+    """The JSON options of a schema; ``lenient``: the keywords and formats llguidance does not
+    implement (``propertyNames``, ``not``, ``if``, ``uniqueItems``, ...) are left out of the
+    grammar, with a warning each, instead of failing it.
+
+    NOTE: a JSON Schema's keywords each narrow what is valid, so leaving one out only widens the
+    grammar: every value the schema accepts is still accepted; what the keyword would have
+    refused may be written too."""
+    return JSON_OPTIONS | {"lenient": True} if lenient else JSON_OPTIONS
 
 
-def embedded(schema: dict[str, Any]) -> str:
-    """``schema`` as a Lark ``%json`` item, with the compact options."""
-    return "%json " + json.dumps(schema | {"x-guidance": JSON_OPTIONS})
+def json_grammar(schema: dict[str, Any], lenient: bool = False) -> str:
+    """A whole answer that is one JSON value of ``schema`` (``lenient``: see ``options``)."""
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=options(lenient))  # type: ignore[arg-type]
+
+
+def embedded(schema: dict[str, Any], lenient: bool = False) -> str:
+    """``schema`` as a Lark ``%json`` item, with the compact options (``lenient``: see ``options``)."""
+    return "%json " + json.dumps(schema | {"x-guidance": options(lenient)})
 
 
 def closed(schema: Any) -> Any:
@@ -76,11 +87,14 @@ def literal(text: str) -> str:
 
 
 def call_rules(tools: tuple[Tool, ...], arguments_key: str = "arguments") -> str:
-    """Lark rules: ``call`` is ``{"name": "<a tool>", "<arguments_key>": <its arguments>}``."""
+    """Lark rules: ``call`` is ``{"name": "<a tool>", "<arguments_key>": <its arguments>}`` (a
+    tool's arguments lenient unless it is ``strict``: ``options``)."""
     rules = [f"call: {' | '.join(f'call_{i}' for i in range(len(tools)))}"]
     for i, tool in enumerate(tools):
         head = dumps({"name": tool.name})[:-1] + f', "{arguments_key}": '
-        rules.append(f"call_{i}: {literal(head)} {embedded(closed(tool.parameters))} {literal('}')}")
+        rules.append(
+            f"call_{i}: {literal(head)} {embedded(closed(tool.parameters), not tool.strict)} {literal('}')}"
+        )
     return "\n".join(rules)
 
 

@@ -30,6 +30,10 @@ TemplateMessage = dict[str, Any]
 and, for tool turns, ``tool_calls``/``tool_call_id``/``name``."""
 
 
+REJECTED = "the chat template rejected the messages"
+"""How a ``RenderError`` of a template that raised begins (its own message follows)."""
+
+
 class RenderError(Exception):
     """The messages cannot be rendered; ``param`` names the offending field."""
 
@@ -102,7 +106,7 @@ def render_chat(
             **{k: _protect_data(tokenizer, v, hidden, nonce) for k, v in data.items()},
         )
     except (TemplateError, LookupError, TypeError, ValueError) as exc:  # templates index and raise
-        raise RenderError("messages", f"the chat template rejected the messages: {exc}") from exc
+        raise RenderError("messages", f"{REJECTED}: {exc}") from exc
     if continue_final_message:
         if text.count(end) != 1:
             raise RenderError(

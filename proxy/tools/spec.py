@@ -88,11 +88,15 @@ class OpenAICall(TypedDict):
 
 @dataclass(frozen=True)
 class Tool:
-    """One function tool: its name, description and JSON Schema of arguments (canonical)."""
+    """One function tool: its name, description and JSON Schema of arguments (canonical), and
+    whether it is ``strict`` (OpenAI's ``function.strict``, Anthropic's ``strict``): a strict
+    tool's schema is enforced in full or refused; another's keywords the grammar cannot enforce
+    are left out of it, with a warning (``proxy.tools.grammars.options``)."""
 
     name: str
     description: str
     parameters: dict[str, Any]
+    strict: bool = False
 
     def as_openai(self) -> OpenAITool:
         """The definition as chat templates take it (OpenAI's shape), keys sorted."""
@@ -177,14 +181,17 @@ def make_tool(
     param: str,
     schema_field: str = "parameters",
     budget: SchemaBudget | None = None,
+    strict: Any = None,
 ) -> Tool:
     """A ``Tool`` from a definition's fields; ``param`` is where it is in the body, and
     ``schema_field`` the name of its schema there (Anthropic's is ``input_schema``). ``budget``
     is what the request's tools share (``proxy.tools.limits``; None: this tool's own).
+    ``strict``: the definition's ``strict`` (a boolean, or None when not given: not strict).
 
     Raises:
-        OpenAIError: 400 naming the field: a bad name, parameters that are not an object, or a
-            schema over the limits (checked before anything else walks it).
+        OpenAIError: 400 naming the field: a bad name, parameters that are not an object, a
+            ``strict`` that is not a boolean, or a schema over the limits (checked before
+            anything else walks it).
     """
     if not isinstance(name, str) or not NAME.match(name):
         raise OpenAIError(400, "a tool name is 1-64 letters, digits, '_' or '-'", param=f"{param}.name")
@@ -196,7 +203,9 @@ def make_tool(
     (budget or SchemaBudget()).check(parameters, f"{param}.{schema_field}")
     if description is not None and not isinstance(description, str):
         raise OpenAIError(400, "a tool's description is a string", param=f"{param}.description")
-    return Tool(name, description or "", canonical(parameters))
+    if strict is not None and not isinstance(strict, bool):
+        raise OpenAIError(400, "a tool's `strict` is a boolean", param=f"{param}.strict")
+    return Tool(name, description or "", canonical(parameters), bool(strict))
 
 
 def tool_set(tools: list[Tool], mode: Mode, name: str | None, parallel: bool | None, param: str) -> ToolSet:

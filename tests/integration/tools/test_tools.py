@@ -215,6 +215,7 @@ def test_tool_history_and_key_order_render_alike(cached) -> None:
                         "type": "function",
                         "function": {
                             "name": "f",
+                            "strict": True,  # NOTE: a tool that is not strict is served without `not`
                             "parameters": {
                                 "type": "object",
                                 "properties": {"a": {"not": {"type": "string"}}},

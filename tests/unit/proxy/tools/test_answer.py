@@ -42,3 +42,63 @@ def test_a_schema_asking_for_a_control_token_is_refused(tokenizer: Any, facts: M
     with pytest.raises(OpenAIError) as refused:
         plan_answer(tokenizer, facts.vocab_size, ToolSet((WEATHER, bad)), None, "", "tools[{i}].input_schema")
     assert refused.value.param == "tools[1].input_schema"
+
+
+LENIENT_KEYWORDS = {
+    "propertyNames": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+    "not": {"type": "string", "not": {"const": "x"}},
+    "uniqueItems": {"type": "array", "uniqueItems": True},
+    "dependentRequired": {"type": "object", "dependentRequired": {"a": ["b"]}},
+    "unevaluatedProperties": {"type": "object", "unevaluatedProperties": False},
+}
+
+
+@pytest.mark.parametrize("keyword", sorted(LENIENT_KEYWORDS))
+def test_a_keyword_llguidance_lacks_is_left_out_of_a_non_strict_tool(
+    tokenizer: Any, facts: ModelFacts, keyword: str
+) -> None:
+    """A tool that is not strict gets a grammar without the keyword, and one warning naming its
+    schema field, the tool and the keyword; the same tool strict is a 400 naming the keyword."""
+    schema = {"type": "object", "properties": {"p": LENIENT_KEYWORDS[keyword]}}
+    loose = Tool("pick", "", schema)
+    plan = plan_answer(
+        tokenizer, facts.vocab_size, ToolSet((loose,), "required"), None, "", "tools[{i}].input_schema"
+    )
+    assert plan.grammar is not None
+    assert plan.warnings == (
+        f'tools[0].input_schema (tool "pick"): schema keyword "{keyword}" is not enforced',
+    )
+    with pytest.raises(OpenAIError) as refused:
+        strict = Tool("pick", "", schema, strict=True)
+        plan_answer(tokenizer, facts.vocab_size, ToolSet((strict,)), None, "", "tools[{i}].input_schema")
+    assert refused.value.param == "tools[0].input_schema" and keyword in refused.value.message
+
+
+def test_every_tool_names_its_own_keywords_once(tokenizer: Any, facts: ModelFacts) -> None:
+    """Two tools, one with two keywords (one of them twice) and an unknown format, one clean:
+    a warning per tool and keyword, in order, none for the clean tool."""
+    twice = {"type": "object", "properties": {"a": {"not": {"type": "null"}}, "b": {"not": {"type": "null"}}}}
+    twice["properties"]["c"] = {"type": "string", "format": "color", "uniqueItems": True}
+    plan = plan_answer(
+        tokenizer,
+        facts.vocab_size,
+        ToolSet((WEATHER, Tool("odd", "", twice))),
+        None,
+        "",
+        "tools[{i}].parameters",
+    )
+    named = [w.split("schema keyword ")[1] for w in plan.warnings]
+    assert all(w.startswith('tools[1].parameters (tool "odd")') for w in plan.warnings)
+    assert sorted(named) == sorted(
+        ['"not" is not enforced', '"format: color" is not enforced', '"uniqueItems" is not enforced']
+    )
+
+
+def test_a_relaxed_one_of_is_said_in_llguidances_words(tokenizer: Any, facts: ModelFacts) -> None:
+    """A ``oneOf`` llguidance cannot prove exclusive (before: a 400) is taken as ``anyOf`` for a
+    tool that is not strict, and the warning quotes llguidance on it."""
+    choice = {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}
+    tool = Tool("pick", "", {"type": "object", "properties": {"p": choice}})
+    plan = plan_answer(tokenizer, facts.vocab_size, ToolSet((tool,)), None, "", "tools[{i}]")
+    assert plan.grammar is not None and len(plan.warnings) == 1
+    assert plan.warnings[0].startswith('tools[0] (tool "pick"): "oneOf not fully supported')
