@@ -20,24 +20,29 @@ CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
 """Anthropic's ``tool_choice.type`` as a ``ToolSet`` mode."""
 
 
-def message_tools(tools: Any, choice: Any) -> ToolSet | None:
-    """A Messages request's tools and tool choice (None without tools).
+def message_tools(tools: Any, choice: Any) -> tuple[ToolSet | None, list[str]]:
+    """A Messages request's tools and tool choice (None without tools), and a warning for each
+    tool left out of the prompt: Anthropic's server tools (``web_search_*``, ``code_execution_*``,
+    ...) and its schema-less client tools (``bash_*``, ``text_editor_*``, ...), any ``type``
+    other than ``custom``, which this server can neither run nor describe to its model. NOTE:
+    left out, not refused, as a gateway in front of another model does: an agent that offers
+    them by default (Claude Code's web search) works with the tools it has.
 
     Raises:
-        OpenAIError: 400 naming the field: a server tool (``type`` other than ``custom``), a bad
-            definition, a tool choice that is not ``auto``/``any``/``tool``/``none``, more tools or
-            larger schemas than ``proxy.tools.limits`` allows.
+        OpenAIError: 400 naming the field: a tool that is not an object, a bad definition, a tool
+            choice that is not ``auto``/``any``/``tool``/``none`` (or names a tool left out),
+            more tools or larger schemas than ``proxy.tools.limits`` allows.
     """
     if tools is not None and not isinstance(tools, list):
         raise OpenAIError(400, "`tools` is a list", param="tools")
     check_tool_count(tools)
-    defined, budget = [], SchemaBudget()
+    defined, left_out, budget = [], [], SchemaBudget()
     for i, tool in enumerate(tools or []):
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise OpenAIError(
-                400, f"tools of type `{kind}` are not supported; send custom tools", param=f"tools[{i}].type"
-            )
+        if not isinstance(tool, dict):
+            raise OpenAIError(400, "a tool is an object", param=f"tools[{i}]")
+        if (kind := tool.get("type", "custom")) != "custom":
+            left_out.append(f"tools[{i}] ({kind!s:.64}): a server or Anthropic-defined tool, left out")
+            continue
         param = f"tools[{i}]"
         fields = (tool.get("name"), tool.get("description"), tool.get("input_schema"))
         defined.append(make_tool(*fields, param, "input_schema", budget, tool.get("strict")))
@@ -45,10 +50,10 @@ def message_tools(tools: Any, choice: Any) -> ToolSet | None:
     if not isinstance(choice, dict) or choice.get("type") not in CHOICES:
         raise OpenAIError(400, "tool_choice.type is one of auto, any, tool, none", param="tool_choice.type")
     if not defined and choice["type"] in ("auto", "none"):
-        return None
+        return None, left_out
     parallel = False if choice.get("disable_parallel_tool_use") else None
     mode = cast(Mode, CHOICES[choice["type"]])
-    return tool_set(defined, mode, choice.get("name"), parallel, "tool_choice")
+    return tool_set(defined, mode, choice.get("name"), parallel, "tool_choice"), left_out
 
 
 def output_schema(output_config: Any, output_format: Any) -> dict[str, Any] | None:

@@ -66,7 +66,7 @@ def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = Fals
     """
     body, left_out = (body, ()) if keep_metadata else without_metadata(body)
     extra = body.model_extra or {}
-    tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
+    tools, left_out_tools = message_tools(extra.get("tools"), extra.get("tool_choice"))
     schema = output_schema(extra.get("output_config"), extra.get("output_format"))
     if schema is not None and tools is not None:
         reason = (
@@ -97,6 +97,7 @@ def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = Fals
         params=PARAMS if extra.get("output_format") is None else OUTPUT_FORMAT_PARAMS,
         call_prefix=CALL_PREFIX,
         left_out=left_out,
+        warnings=tuple(left_out_tools),
     )
 
 

@@ -120,14 +120,15 @@ def test_cache_control_ttl_applies_to_the_blocks_it_covers(
 
 
 def test_anthropic_errors_name_the_field(cached) -> None:
-    """Server tools, images, documents and thinking of an unknown type are 400 in Anthropic's error
-    shape naming the field; an unknown model is a 404; bodies are validated as the Messages API does."""
+    """A tool that is not an object, images, documents and thinking of an unknown type are 400 in
+    Anthropic's error shape naming the field; an unknown model is a 404; bodies are validated as
+    the Messages API does."""
     base = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
     document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
     bad_ttl = {"type": "ephemeral", "ttl": "2h"}
     cases = [
-        (base | {"tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools[0].type"),
+        (base | {"tools": [{"type": "bash_20250124", "name": "bash"}, 7]}, 400, "tools[1]"),
         (base | {"thinking": {"type": "sometimes"}}, 400, "thinking.type"),
         (base | {"messages": [{"role": "user", "content": [image]}]}, 400, "messages[0].content[0].type"),
         (base | {"messages": [{"role": "user", "content": [document]}]}, 400, "messages[0].content[0].type"),

@@ -109,7 +109,14 @@ def test_tool_results_and_cached_tool_definitions(cached, client) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        (
+            {
+                "tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
+                "tool_choice": {"type": "tool", "name": "web_search"},
+            },
+            "tool_choice",
+        ),
+        ({"tools": ["web_search"]}, "tools[0]"),
         ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
         ({"tools": [TOOL], "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
         ({"tools": [{"name": "f", "input_schema": {"type": "array"}}]}, "tools[0].input_schema"),
@@ -145,7 +152,33 @@ def test_tool_results_and_cached_tool_definitions(cached, client) -> None:
     ],
 )
 def test_unsupported_tools_are_400s(client, fields, param) -> None:
-    """A server tool or a bad choice is a 400 naming the field."""
+    """A bad tool, a bad choice (one naming a tool left out too) is a 400 naming the field."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(**{"model": "tiny", "max_tokens": 5, "messages": USER} | fields)
     assert param in caught.value.body["error"]["message"]
+
+
+def test_server_and_anthropic_defined_tools_are_left_out_with_a_warning(client) -> None:
+    """Tools the server can neither run nor describe (Anthropic's server tools, such as the web
+    search Claude Code offers by default, and its schema-less client tools) are left out of the
+    prompt, named in ``x-kvproxy-warning``; the request is answered with the custom tools, and
+    prompts the same as one that never offered them."""
+    hosted = [
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 8},
+        {"type": "bash_20250124", "name": "bash"},
+    ]
+    kwargs = {"model": "tiny", "max_tokens": 5, "messages": USER}
+    raw = client.messages.with_raw_response.create(**kwargs, tools=[hosted[0], TOOL, hosted[1]])
+    warning = raw.headers["x-kvproxy-warning"]
+    assert "tools[0] (web_search_20250305)" in warning and "tools[2] (bash_20250124)" in warning
+    plain = client.messages.create(**kwargs, tools=[TOOL])
+    assert _prompt(raw.parse()) == _prompt(plain)
+    only = client.messages.with_raw_response.create(**kwargs, tools=hosted)
+    assert _prompt(only.parse()) == _prompt(client.messages.create(**kwargs))
+    assert "web_search" in only.headers["x-kvproxy-warning"]
+
+
+def _prompt(reply) -> int:
+    """A reply's prompt length, in tokens: uncached, read and written."""
+    usage = reply.usage
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
