@@ -92,6 +92,28 @@ def test_a_tail_serves_the_tokens_a_prompt_shares_with_it(engines, shared) -> No
     assert run(cached, prompt)[0] == run(cold, prompt)[0]
 
 
+@pytest.mark.parametrize("leaves", [124, 200, 265])
+def test_a_history_that_renders_the_answer_otherwise_reuses_it_to_where_it_differs(engines, leaves) -> None:
+    """A 120-token prompt and its 150-token answer (two blocks completed, a tail after them): the
+    next turn holds the answer with other tokens from position ``leaves`` on (inside the first
+    block it completed, inside the second, in its tail), and reuses everything before them, with
+    the cold engine's logits and answer."""
+    cached, cold = engines
+    prompt = tuple(random_tokens(120, seed=leaves))
+    answer, _, _ = run(cached, prompt, max_tokens=150)
+    assert len(answer) == 150  # the scaled tiny model emits no EOS
+    flushed(cached)
+    cached.cache.parts.ram.clear()  # NOTE: read from the blobs, as another process would
+    history = prompt + tuple(answer)
+    other = tuple(10 + (t - 9) % 380 for t in history[leaves : leaves + 2])
+    next_turn = history[:leaves] + other + history[leaves + 2 :] + tuple(random_tokens(30, seed=1))
+    warm_logits, reused, fed = prefill_prompt(cached, next_turn)
+    cold_logits, _, _ = prefill_prompt(cold, next_turn)
+    assert (reused, fed) == (leaves, len(next_turn))
+    assert torch.allclose(warm_logits, cold_logits, atol=1e-4, rtol=0)
+    assert run(cached, next_turn)[0] == run(cold, next_turn)[0]
+
+
 def test_a_boundary_tail_serves_another_prompt_sharing_it(engines) -> None:
     """A tail stored at a boundary inside the prompt (where a system prompt ends) serves a prompt
     that shares the prompt up to there and goes on differently."""
