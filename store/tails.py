@@ -86,11 +86,13 @@ class TailFinder:
         tip = hashes[k - 1] if k else None
         rest = tuple(token_ids[start : start + room])
         listed, pending = tails
-        candidates: list[tuple[int, KVBlock | TailListing]] = [
-            (shared_tokens(t.token_ids, rest, room), t) for t in pending.get(tip, [])
+        # NOTE: of the tails serving the most tokens, one still pending (nothing to read), then
+        # the shortest (the fewest bytes to read): an answer's tail holds its prompt's tail too
+        candidates: list[tuple[int, bool, int, KVBlock | TailListing]] = [
+            (shared_tokens(t.token_ids, rest, room), True, -len(t.token_ids), t) for t in pending.get(tip, [])
         ]
-        candidates += [(self._serves(namespace, tip, t, rest, room), t) for t in listed]
-        use, found = max(candidates, key=lambda c: c[0], default=(0, None))
+        candidates += [(self._serves(namespace, tip, t, rest, room), False, -t.length, t) for t in listed]
+        use, _, _, found = max(candidates, key=lambda c: c[:3], default=(0, False, 0, None))
         if not use or found is None:
             return match
         if isinstance(found, KVBlock):
