@@ -26,7 +26,6 @@ from engine.sampling import logprobs
 from engine.scheduler import Step
 from engine.sequence import Sequence, State
 from engine.storing import Storer
-from hashing import num_full_blocks
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +194,7 @@ class Runner:
                 self._feed_last(seq)
             if seq.fed > seq.n:
                 sequence = seq.request.prompt_ids + tuple(seq.generated)
-                self.storer.store(seq, sequence, num_full_blocks(seq.n), seq.fed)
+                self.storer.answer(seq, sequence, seq.fed)
             finished = Finished(reason, len(seq.generated), seq.text.finish(), seq.text.stop_sequence)
             seq.handle.emit(finished)
             if seq.audit is not None:

@@ -1,9 +1,9 @@
 """What a sequence hands to the cache: its new full blocks and a tail, copied out of its past.
 
 Called on the model thread as a sequence's prompt is computed (its blocks and tail, and a tail at
-each of its ``boundaries``) and once it ends (the blocks and tail its completion completed); the
-copies are fresh host tensors, and the cache stores them in the background (``PrefixCache.save``,
-``PrefixCache.save_tail``).
+each of its ``boundaries``) and once it ends (the blocks and tail its completion completed, and a
+tail inside each of those blocks: ``Storer.answer``); the copies are fresh host tensors, and the
+cache stores them in the background (``PrefixCache.save``, ``PrefixCache.save_tail``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,24 @@ class Storer:
         tail up to position ``end``."""
         self.blocks(seq, token_ids, first_block, num_full_blocks(end))
         self.tail(seq, token_ids, end)
+
+    def answer(self, seq: Sequence, token_ids: tuple[int, ...], end: int) -> None:
+        """What a finished completion completed (``token_ids``: prompt and completion, fed up to
+        ``end``): its blocks and tail (``store``), and for each block it completed, a tail of that
+        block's first 127 tokens.
+
+        NOTE: a history renders a generated answer again, and may tokenize it otherwise (a tool
+        call sampled token by token under a grammar: ``}`` ``}`` sampled, ``}}`` rendered); the
+        next prompt then leaves the answer's chain inside a block, whose hash no longer matches.
+        A tail serves its longest common prefix with a prompt (``hashing.shared_tokens``), so
+        these tails reuse the answer up to the first token that differs wherever that is. A
+        prompt's own blocks need none: rendered again, they come out the same.
+        """
+        first, done = num_full_blocks(seq.n), num_full_blocks(end)
+        self.store(seq, token_ids, first, end)
+        for block in range(first, done):
+            if (block + 1) * BLOCK_SIZE - 1 > seq.n:  # NOTE: else the prompt's own tail
+                self.tail(seq, token_ids, (block + 1) * BLOCK_SIZE - 1)
 
     def tail(self, seq: Sequence, token_ids: tuple[int, ...], end: int) -> None:
         """The tail of ``token_ids[:end]`` (``hashing.tails``), if it has one."""

@@ -27,7 +27,7 @@ from hashing.blocks import (
 )
 from hashing.identity import NamespaceIdentity
 from hashing.route import BYTES_PER_TOKEN, TEXT_BLOCK_BYTES, route_namespace
-from hashing.tails import short_tail_hash, tail_hash
+from hashing.tails import shared_tokens, short_tail_hash, tail_hash
 
 __all__ = [
     "BLOCK_SIZE",
@@ -44,6 +44,7 @@ __all__ = [
     "num_full_blocks",
     "reusable_tokens",
     "route_namespace",
+    "shared_tokens",
     "short_tail_hash",
     "tail_hash",
 ]

@@ -30,6 +30,7 @@ from store.index.base import TailListing
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
 from store.outcomes import MissReason
 from store.parts import CacheOptions, StoreParts
+from store.ram import PendingView
 from store.readers import ReaderPool, cancel
 from store.serde import decode_block, read_bound
 from store.tails import DAMAGED, TailFinder, candidate_tails
@@ -78,9 +79,11 @@ class PrefixLookup:
         deadline = monotonic() + self.read_timeout_s
         with_tail = max_blocks is None and self.tails
         candidates = candidate_tails(namespace, token_ids, hashes) if with_tail else []
-        match, listed = self._match(namespace, token_ids, hashes, ttl_s, deadline, candidates)
+        pending = self.writer.pending.view(namespace, hashes)
+        match, listed = self._match(namespace, token_ids, hashes, ttl_s, deadline, candidates, pending)
         if with_tail:
-            match = self._tails.extend(namespace, token_ids, hashes, match, listed, ttl_s, deadline)
+            found = (listed, pending.tails)
+            match = self._tails.extend(namespace, token_ids, hashes, match, found, ttl_s, deadline)
         if not count:
             return match
         cached = reusable_tokens(len(token_ids), match.num_blocks) + match.tail_tokens
@@ -118,10 +121,13 @@ class PrefixLookup:
         ttl_s: TtlPlan,
         deadline: float,
         candidates: list[BlockHash],
+        pending: PendingView,
     ) -> tuple[PrefixMatch, list[TailListing]]:
-        """The verified leading blocks, their blobs read by ``deadline`` (``time.monotonic``), and
-        the tails the index lists after them, with the longest of ``candidates`` (``candidate_tails``)
-        it has when it has every block (none when the blocks served are not the ones it holds)."""
+        """The verified leading blocks, their blobs read by ``deadline`` (``time.monotonic``),
+        then those of ``pending`` (the writer's, taken before the index round trip) that go on;
+        and the tails the index lists after them, with the longest of ``candidates``
+        (``candidate_tails``) it has when it has every block (none when the blocks served are not
+        the ones it holds)."""
         ttls = block_ttls(ttl_s, len(hashes), self.ttl_s)
         found = self.parts.guard.redis(
             "match", self.parts.index.match, namespace, hashes, ttls, candidates, scope=namespace.hex()
@@ -131,7 +137,9 @@ class PrefixLookup:
         entries, seen, tails, candidate = found
         if candidate:
             short = candidates[candidate - 2] if candidate > 1 else None
-            tails = [*tails, TailListing(candidates[candidate - 1], candidate, short)]
+            start = len(hashes) * BLOCK_SIZE
+            exact = tuple(token_ids[start : start + candidate])
+            tails = [*tails, TailListing(candidates[candidate - 1], candidate, short, exact)]
         listed = len(entries)
         reason: MissReason | None = None
         if len(entries) < len(hashes):
@@ -199,10 +207,10 @@ class PrefixLookup:
         # (never past an imported block waiting for its audit).
         end = len(blocks) if reason == MissReason.UNAUDITED else len(hashes)
         for i in range(len(blocks), end):
-            pending = self.writer.pending.get(namespace, hashes[i])
-            if pending is None or pending.token_ids != block_tokens(token_ids, i):
+            held = pending.blocks.get(hashes[i])
+            if held is None or held.token_ids != block_tokens(token_ids, i):
                 break
-            blocks.append(pending)
+            blocks.append(held)
             from_ram += 1
         done = self._done(blocks, from_ram, None if len(blocks) == len(hashes) else reason)
         return done, tails if len(blocks) == listed else []

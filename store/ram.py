@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from hashing import BlockHash, Namespace
 from store.interface import KVBlock
@@ -77,6 +78,14 @@ class RamTier:
             self.used_bytes -= block_nbytes(block)
 
 
+class PendingView(NamedTuple):
+    """What ``PendingBlocks`` held at one moment for one prompt: its pending blocks by hash, and
+    the pending tails after the root (key None) and after each of its blocks."""
+
+    blocks: dict[BlockHash, KVBlock]
+    tails: dict[BlockHash | None, list[KVBlock]]
+
+
 class PendingBlocks:
     """Blocks and tails handed to the writer and not yet published (or given up), by namespace
     and hash; tails also by what they follow (``tails``)."""
@@ -107,6 +116,23 @@ class PendingBlocks:
         """The pending tails after ``tip`` (None: the root)."""
         with self._lock:
             return list(self._tails.get((namespace, tip), {}).values())
+
+    def view(self, namespace: Namespace, hashes: Sequence[BlockHash]) -> PendingView:
+        """The pending blocks among ``hashes`` (a prompt's chain) and the pending tails after the
+        root and after each of them, as they are now.
+
+        NOTE: a lookup takes it before its index round trip: a block or tail the writer publishes
+        meanwhile (and then no longer holds) is listed by the index or served from this copy,
+        never lost in between, so a request sent the moment its previous turn ended always finds
+        what that turn computed.
+        """
+        with self._lock:
+            if not self._blocks:
+                return PendingView({}, {})
+            held = ((h, self._blocks.get((namespace, h))) for h in hashes)
+            blocks = {h: block for h, block in held if block is not None}
+            after = ((tip, self._tails.get((namespace, tip))) for tip in (None, *hashes))
+            return PendingView(blocks, {tip: list(tails.values()) for tip, tails in after if tails})
 
     def remove(self, namespace: Namespace, blocks: Iterable[KVBlock]) -> None:
         with self._lock:

@@ -1,14 +1,17 @@
-"""The tail of a lookup: after a prompt's cached blocks, the longest tail (``hashing.tails``) that
-continues it, to the token.
+"""The tail of a lookup: after a prompt's cached blocks, the tail (``hashing.tails``) that serves
+the most of it, to the token.
 
-Candidates are the tails this process is still saving after the blocks' tip, and those the index
-has there, in the lookup's one round trip: the tails listed after the tip, and, when every block
-of the prompt is cached, the longest tail that continues it exactly (``candidate_tails``: named
-by the prompt's own tokens, so it is found however many tails share the tip). A tail of L
-tokens serves all L or its first L - 1 (a repeated prompt reuses all but its last token), never
-more than the prompt's last token but one. A listed tail is taken from the RAM tier or read and
-verified like a block (``store.serde.decode_tail``); one that does not verify is dropped and the
-prompt goes on without it. The served tail's TTL and LRU position are refreshed in the background.
+Candidates are the tails this process is still saving after the blocks' tip (as the writer held
+them when the lookup began), and those the index has there, in the lookup's one round trip: the
+tails listed after the tip, and, when every block of the prompt is cached, the longest tail that
+continues it exactly (``candidate_tails``: named by the prompt's own tokens, so it is found
+however many tails share the tip). A tail serves its longest common prefix with the prompt
+(``hashing.shared_tokens``; a listed tail's ids come with its listing), never more than the
+prompt's last token but one: a history that renders a generated answer with other tokens than
+were sampled reuses the answer up to the first token that differs. A listed tail is taken from
+the RAM tier or read and verified like a block (``store.serde.decode_tail``: the tokens it
+serves, and the name of all it holds); one that does not verify is dropped and the prompt goes
+on without it. The served tail's TTL and LRU position are refreshed in the background.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from functools import partial
 from time import monotonic, perf_counter
 from typing import Any
 
-from hashing import BLOCK_SIZE, BlockHash, Namespace, tail_hash
+from hashing import BLOCK_SIZE, BlockHash, Namespace, shared_tokens, tail_hash
 from store.blobs.base import NotABlob
 from store.index.base import TailListing
 from store.interface import KVBlock, KVSpec, PrefixMatch, TtlPlan, block_ttls
@@ -67,13 +70,14 @@ class TailFinder:
         token_ids: Sequence[int],
         hashes: list[BlockHash],
         match: PrefixMatch,
-        listed: list[TailListing],
+        tails: tuple[list[TailListing], dict[BlockHash | None, list[KVBlock]]],
         ttl_s: TtlPlan,
         deadline: float,
     ) -> PrefixMatch:
-        """``match`` with the longest tail that continues ``token_ids`` after its blocks
-        (``hashes`` the prompt's block hashes, ``listed`` the tails the index listed after them),
-        its blob read by ``deadline`` (``time.monotonic``: the lookup's bound)."""
+        """``match`` with the tail that serves the most of ``token_ids`` after its blocks
+        (``hashes`` the prompt's block hashes; ``tails`` the ones the index listed after them and
+        the writer's pending ones by tip, ``PendingView.tails``), its blob read by ``deadline``
+        (``time.monotonic``: the lookup's bound)."""
         k = match.num_blocks
         start = k * BLOCK_SIZE
         room = min(BLOCK_SIZE - 1, len(token_ids) - 1 - start)
@@ -81,25 +85,14 @@ class TailFinder:
             return match
         tip = hashes[k - 1] if k else None
         rest = tuple(token_ids[start : start + room])
-        names: dict[int, BlockHash] = {}
-
-        def named(length: int) -> BlockHash:
-            if length not in names:
-                names[length] = tail_hash(tip or namespace, rest[:length])
-            return names[length]
-
-        def listed_continues(listing: TailListing) -> Callable[[int], bool]:
-            return lambda n: named(n) == (listing.tail_hash if n == listing.length else listing.short_hash)
-
-        def pending_continues(tail: KVBlock) -> Callable[[int], bool]:
-            return lambda n: tail.token_ids[:n] == rest[:n]
-
-        candidates: list[tuple[int, KVBlock | TailListing]] = [
-            (usable(len(t.token_ids), room, pending_continues(t)), t)
-            for t in self.writer.pending.tails(namespace, tip)
+        listed, pending = tails
+        # NOTE: of the tails serving the most tokens, one still pending (nothing to read), then
+        # the shortest (the fewest bytes to read): an answer's tail holds its prompt's tail too
+        candidates: list[tuple[int, bool, int, KVBlock | TailListing]] = [
+            (shared_tokens(t.token_ids, rest, room), True, -len(t.token_ids), t) for t in pending.get(tip, [])
         ]
-        candidates += [(usable(t.length, room, listed_continues(t)), t) for t in listed]
-        use, found = max(candidates, key=lambda c: c[0], default=(0, None))
+        candidates += [(self._serves(namespace, tip, t, rest, room), False, -t.length, t) for t in listed]
+        use, _, _, found = max(candidates, key=lambda c: c[:3], default=(0, False, 0, None))
         if not use or found is None:
             return match
         if isinstance(found, KVBlock):
@@ -113,6 +106,30 @@ class TailFinder:
         touch = partial(self.parts.index.touch, namespace, tip, found.tail_hash, ttl, k)
         self.writer.enqueue(partial(self.parts.guard.redis, "touch", touch, scope=namespace.hex()))
         return match._replace(tail=tail, tail_tokens=use)
+
+    def _serves(
+        self,
+        namespace: Namespace,
+        tip: BlockHash | None,
+        listing: TailListing,
+        rest: tuple[int, ...],
+        room: int,
+    ) -> int:
+        """Tokens of ``rest`` (the prompt after ``tip``) the listed tail would serve, at most
+        ``room``: their common prefix with its token ids, as listed (when they hash to its name)
+        or as its RAM copy holds them; else, by its names alone, all or all but its last."""
+        root = tip or namespace
+        ids = listing.token_ids
+        if ids is None or len(ids) != listing.length or tail_hash(root, ids) != listing.tail_hash:
+            held = self.parts.ram.get(namespace, listing.tail_hash)
+            ids = held.token_ids if held is not None and len(held.token_ids) == listing.length else None
+        if ids is not None:
+            return shared_tokens(ids, rest, room)
+        names = {listing.length: listing.tail_hash, listing.length - 1: listing.short_hash}
+        for n in (listing.length, listing.length - 1):
+            if 0 < n <= room and names[n] == tail_hash(root, rest[:n]):
+                return n
+        return 0
 
     def _read(
         self,
@@ -183,12 +200,3 @@ def candidate_tails(
     tip = hashes[-1] if hashes else namespace
     rest = token_ids[start : start + BLOCK_SIZE - 1]
     return [tail_hash(tip, rest[:j]) for j in range(1, len(rest) + 1)]
-
-
-def usable(length: int, room: int, continues: Callable[[int], bool]) -> int:
-    """Tokens a tail of ``length`` tokens serves, at most ``room``: all of them, else all but the
-    last, whichever ``continues(n)`` (its first n tokens continue the prompt) holds for; else 0."""
-    for n in (length, length - 1):
-        if 0 < n <= room and continues(n):
-            return n
-    return 0

@@ -216,7 +216,7 @@ class BlockWriter:
                 name = parts.blobs.name(namespace, block.block_hash)
                 tail = len(block.token_ids) if block.is_tail else 0
                 entry = new_entry(name, len(data), item.parent, imported, tail)
-                at = (entry, item.ttl_s, created, item.short_hash)
+                at = (entry, item.ttl_s, created, item.short_hash, block.token_ids if tail else ())
                 publications.append(Publication(block.block_hash, item.parent, block.index, *at))
             stored[i] = needed
         total = self._index(namespace, publications) if publications else None

@@ -76,6 +76,7 @@ class Publication(NamedTuple):
         ttl_s: seconds the entry stays without a hit.
         used_at: Unix time (seconds) of the request that computed the block (its LRU position).
         short_hash: a tail's ``hashing.short_tail_hash`` (None for a block or a one-token tail).
+        token_ids: a tail's token ids, listed with it (empty for a block).
     """
 
     block_hash: BlockHash
@@ -85,15 +86,19 @@ class Publication(NamedTuple):
     ttl_s: int
     used_at: float
     short_hash: BlockHash | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class TailListing(NamedTuple):
-    """A tail the index lists after a tip: its hash, its length in tokens, and the hash of its
-    first ``length - 1`` tokens (None for a one-token tail)."""
+    """A tail the index lists after a tip: its hash, its length in tokens, the hash of its first
+    ``length - 1`` tokens (None for a one-token tail), and its token ids (None when the listing
+    has none: one written before they were listed). The ids only choose which tail to read and
+    how much of it: what is served is verified against its blob (``store.serde.decode_tail``)."""
 
     tail_hash: BlockHash
     length: int
     short_hash: BlockHash | None
+    token_ids: tuple[int, ...] | None = None
 
 
 class Matched(NamedTuple):

@@ -130,7 +130,7 @@ class MemoryIndex:
         t = self.tables
         listed = t.tails.setdefault((namespace, b.parent), {})
         self._tails(namespace, b.parent)
-        listing = TailListing(b.block_hash, b.entry.tail, b.short_hash)
+        listing = TailListing(b.block_hash, b.entry.tail, b.short_hash, b.token_ids)
         listed[b.block_hash] = (listing, t.clock() + b.ttl_s)
         for h, _ in sorted(listed.items(), key=lambda item: item[1][1])[
             : max(0, len(listed) - TAILS_PER_TIP)

@@ -23,7 +23,8 @@ from store.index.redis.retention import RETENTION
 
 # Tails (``hashing.tails``) are listed in one hash per namespace, the "tails" key: field = the
 # tip's hex hash (``root`` for the namespace root) -> JSON list of [tail hex, length, short hex
-# or "", expires at (Unix seconds)], at most TAILS_PER_TIP, the ones expiring last. An item's
+# or "", expires at (Unix seconds), its token ids (``tail_ids_text``)], at most TAILS_PER_TIP,
+# the ones expiring last (an item listed before the ids were has four fields). An item's
 # expiry follows its entry's TTL (set and refreshed with it); FORGET removes the item with the
 # entry, so a lookup never lists a tail the index dropped.
 LIVE_TAILS = """
@@ -115,9 +116,10 @@ def match_arguments(
 #   KEYS[4 + 3(i-1) + 1..3]  item i's entry key, its "seen" key, its parent's children set
 #   KEYS[#KEYS - 1..#KEYS]   pins hash, pinned bytes (a block pinned before it was stored)
 #   ARGV[1] "seen" TTL (s)   ARGV[2] TAILS_PER_TIP   ARGV[3] TAIL_AGE_S (a tail's LRU setback)
-#   ARGV[3 + 10(i-1) + 1..10]  item i's entry JSON, TTL (s), member name, blob bytes, chain
+#   ARGV[3 + 11(i-1) + 1..11]  item i's entry JSON, TTL (s), member name, blob bytes, chain
 #                            position, used at (Unix seconds), hash (hex), tail length (0: a
-#                            block), short tail hash (hex or ""), tails field (its tip)
+#                            block), short tail hash (hex or ""), tails field (its tip), a
+#                            tail's token ids (``tail_ids_text``; "" for a block)
 # Returns the bytes the namespace holds now (an item whose entry existed writes nothing).
 PUBLISH = (
     LIVE_TAILS
@@ -125,7 +127,7 @@ PUBLISH = (
     + """
 local n = (#KEYS - 6) / 3
 for i = 1, n do
-  local k, a = 4 + 3 * (i - 1), 3 + 10 * (i - 1)
+  local k, a = 4 + 3 * (i - 1), 3 + 11 * (i - 1)
   if redis.call('SET', KEYS[k + 1], ARGV[a + 1], 'NX', 'EX', ARGV[a + 2]) then
     local used = tonumber(ARGV[a + 6])
     local is_tail = tonumber(ARGV[a + 8]) > 0
@@ -135,7 +137,8 @@ for i = 1, n do
     redis.call('ZADD', KEYS[1], used - age - tonumber(ARGV[a + 5]) * 1e-6 + offset, ARGV[a + 3])
     if is_tail then
       local tails = live_tails(KEYS[4], ARGV[a + 10], used, ARGV[a + 7])
-      tails[#tails + 1] = {ARGV[a + 7], tonumber(ARGV[a + 8]), ARGV[a + 9], used + tonumber(ARGV[a + 2])}
+      local expires = used + tonumber(ARGV[a + 2])
+      tails[#tails + 1] = {ARGV[a + 7], tonumber(ARGV[a + 8]), ARGV[a + 9], expires, ARGV[a + 11]}
       table.sort(tails, function(x, y) return tonumber(x[4]) > tonumber(y[4]) end)
       while #tails > tonumber(ARGV[2]) do table.remove(tails) end
       redis.call('HSET', KEYS[4], ARGV[a + 10], cjson.encode(tails))
@@ -161,6 +164,11 @@ def tails_field(tip: BlockHash | None) -> str:
     return tip.hex() if tip is not None else "root"
 
 
+def tail_ids_text(token_ids: Sequence[int]) -> str:
+    """A tail's token ids as its listing holds them: decimal, comma-separated ("" for none)."""
+    return ",".join(str(t) for t in token_ids)
+
+
 def publish_arguments(
     keys: IndexKeys, namespace: Namespace, blocks: Sequence[Publication], seen_ttl_s: int
 ) -> tuple[list[str], list[str | int | float]]:
@@ -174,6 +182,7 @@ def publish_arguments(
         member, entry = member_name(namespace, b.block_hash), b.entry
         args += [entry.to_json(), b.ttl_s, member, entry.size, b.position, b.used_at, b.block_hash.hex()]
         args += [entry.tail, b.short_hash.hex() if b.short_hash else "", tails_field(b.parent)]
+        args.append(tail_ids_text(b.token_ids))
     return [*out_keys, *keys.pins(ns)], args
 
 

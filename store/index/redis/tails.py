@@ -110,8 +110,9 @@ def parse_match(reply: Sequence[Any]) -> Matched:
 
 
 def parse_tails(raw: bytes | str) -> list[TailListing]:
-    """The tails of a MATCH reply (a JSON list of [hex, length, short hex, expires]); an item
-    that does not parse is skipped."""
+    """The tails of a MATCH reply (a JSON list of [hex, length, short hex, expires, ids]); an
+    item that does not parse is skipped, and ids that do not parse (or an item without them) are
+    None."""
     out: list[TailListing] = []
     try:
         items = json.loads(raw)
@@ -123,4 +124,15 @@ def parse_tails(raw: bytes | str) -> list[TailListing]:
             out.append(TailListing(BlockHash(bytes.fromhex(item[0])), int(item[1]), short))
         except (ValueError, TypeError, IndexError):
             continue
+        out[-1] = out[-1]._replace(token_ids=parse_ids(item[4] if len(item) > 4 else None))
     return out
+
+
+def parse_ids(text: object) -> tuple[int, ...] | None:
+    """A listed tail's token ids (``scripts.tail_ids_text``), or None when absent or malformed."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        return None

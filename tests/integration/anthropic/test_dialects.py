@@ -45,7 +45,8 @@ def total(usage) -> int:
 
 def test_anthropic_client_reads_the_cached_system_block(cached, cold) -> None:
     """The second question under a 1,000-token cached system block reads all of it, to its
-    breakpoint (its blocks, then the tail stored there); the first stored its whole prompt; the
+    breakpoint (its blocks, then the tail stored there), and the turn's start after it that the
+    first question's prompt shares; the first stored its whole prompt; the
     three usage figures add up to the prompt; the answer equals a --no-cache server's."""
     first_ids, second_ids = (tokenize(cached.server, q) for q in QUESTIONS)
     body = {"messages": [{"role": "system", "content": SYSTEM}], "add_generation_prompt": False}
@@ -60,7 +61,10 @@ def test_anthropic_client_reads_the_cached_system_block(cached, cold) -> None:
     assert first.usage.cache_read_input_tokens == 0
     assert first.usage.cache_creation_input_tokens == len(first_ids)
     assert total(first.usage) == len(first_ids)
-    assert second.usage.cache_read_input_tokens == system
+    # NOTE: to its breakpoint, and the template's start of the user turn the first question's
+    # tail shares with it (a tail serves all it shares with a prompt)
+    shared = next(i for i, (a, b) in enumerate(zip(first_ids, second_ids, strict=False)) if a != b)
+    assert shared > system and second.usage.cache_read_input_tokens == shared
     assert total(second.usage) == len(second_ids)
     assert baseline.usage.cache_read_input_tokens == baseline.usage.cache_creation_input_tokens == 0
     assert second.content[0].text == baseline.content[0].text

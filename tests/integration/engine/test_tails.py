@@ -73,6 +73,47 @@ def test_a_completion_tail_serves_the_next_turn(engines) -> None:
     assert answer == run(cold, next_turn)[0]
 
 
+@pytest.mark.parametrize("shared", [1, 20, 57, 58])
+def test_a_tail_serves_the_tokens_a_prompt_shares_with_it(engines, shared) -> None:
+    """A stored tail of 60 tokens after one block: a prompt that shares only its first ``shared``
+    tokens, then goes on otherwise (as a history renders an answer with other tokens than were
+    sampled), reuses the block and exactly those tokens, with the cold prompt's logits and answer."""
+    cached, cold = engines
+    stored = tuple(random_tokens(BLOCK_SIZE + 60, seed=shared))
+    run(cached, stored, max_tokens=1)
+    flushed(cached)
+    cached.cache.parts.ram.clear()  # NOTE: the tail read from its blob, as another process would
+    cut = BLOCK_SIZE + shared
+    prompt = stored[:cut] + tuple(10 + (t - 9) % 380 for t in stored[cut : cut + 3]) + stored[cut + 3 :]
+    warm_logits, reused, fed = prefill_prompt(cached, prompt)
+    cold_logits, _, _ = prefill_prompt(cold, prompt)
+    assert (reused, fed) == (cut, len(prompt))
+    assert torch.allclose(warm_logits, cold_logits, atol=1e-4, rtol=0)
+    assert run(cached, prompt)[0] == run(cold, prompt)[0]
+
+
+@pytest.mark.parametrize("leaves", [124, 200, 265])
+def test_a_history_that_renders_the_answer_otherwise_reuses_it_to_where_it_differs(engines, leaves) -> None:
+    """A 120-token prompt and its 150-token answer (two blocks completed, a tail after them): the
+    next turn holds the answer with other tokens from position ``leaves`` on (inside the first
+    block it completed, inside the second, in its tail), and reuses everything before them, with
+    the cold engine's logits and answer."""
+    cached, cold = engines
+    prompt = tuple(random_tokens(120, seed=leaves))
+    answer, _, _ = run(cached, prompt, max_tokens=150)
+    assert len(answer) == 150  # the scaled tiny model emits no EOS
+    flushed(cached)
+    cached.cache.parts.ram.clear()  # NOTE: read from the blobs, as another process would
+    history = prompt + tuple(answer)
+    other = tuple(10 + (t - 9) % 380 for t in history[leaves : leaves + 2])
+    next_turn = history[:leaves] + other + history[leaves + 2 :] + tuple(random_tokens(30, seed=1))
+    warm_logits, reused, fed = prefill_prompt(cached, next_turn)
+    cold_logits, _, _ = prefill_prompt(cold, next_turn)
+    assert (reused, fed) == (leaves, len(next_turn))
+    assert torch.allclose(warm_logits, cold_logits, atol=1e-4, rtol=0)
+    assert run(cached, next_turn)[0] == run(cold, next_turn)[0]
+
+
 def test_a_boundary_tail_serves_another_prompt_sharing_it(engines) -> None:
     """A tail stored at a boundary inside the prompt (where a system prompt ends) serves a prompt
     that shares the prompt up to there and goes on differently."""
@@ -118,11 +159,12 @@ def test_a_damaged_tail_is_a_miss_and_is_dropped(engines) -> None:
         data = bytearray(path.read_bytes())
         data[-10] ^= 0xFF
         path.write_bytes(bytes(data))
-    for seed in (6, 7):
-        longer = prompt + tuple(random_tokens(5, seed=seed))
-        answer, reused, _ = run(cached, longer, max_tokens=1)
-        assert reused == 0
-        assert answer == run(cold, longer, max_tokens=1)[0]
-    assert cache.admin.stats().verification_failures == 2
     namespace = cached.loaded.namespace("default")
+    longer = prompt + tuple(random_tokens(5, seed=6))
+    for _ in blobs:  # NOTE: each lookup reads one of them (they serve it equally), drops it
+        assert cache.lookup(namespace, longer).tail is None
+    answer, reused, _ = run(cached, longer, max_tokens=1)
+    assert reused == 0
+    assert answer == run(cold, longer, max_tokens=1)[0]
+    assert cache.admin.stats().verification_failures == 2
     assert cache.parts.index.missing(namespace, [b.block_hash for b in blobs]) == [True, True]

@@ -109,4 +109,12 @@ def test_a_system_instruction_is_reused_to_its_end_as_the_chat_route_reuses_a_sy
     r = httpx.post(f"{server.base_url}/tokenize", json=head | {"add_generation_prompt": False}, timeout=60)
     ends = r.json()["count"]
     assert ends % BLOCK_SIZE and ends > BLOCK_SIZE  # NOTE: the system's end is inside a block
-    assert ask("Name a fruit.")["cachedContentTokenCount"] == ends
+    # NOTE: and what the first conversation's tail shares with the second after it ("user",
+    # "Name a"): a tail serves the tokens a prompt shares with it
+    prompts = [
+        httpx.post(f"{server.base_url}/tokenize", json=head | {"messages": [*head["messages"], q]}).json()
+        for q in ({"role": "user", "content": "Name a colour."}, {"role": "user", "content": "Name a fruit."})
+    ]
+    a, b = (p["tokens"] for p in prompts)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert shared > ends and ask("Name a fruit.")["cachedContentTokenCount"] == shared

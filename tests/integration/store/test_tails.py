@@ -1,10 +1,12 @@
 """Tails in the store, on real Redis (its Lua scripts) and on the in-memory double alike: a tail
-comes back verified, serves all or all but its last token, is listed only while its entry lives,
-slides its TTL on a hit, goes before its chain's blocks under the budget, and leaves with its
-entry however the entry goes (eviction, a failed verification, clear). No model."""
+comes back verified, serves its longest common prefix with the prompt (all but its last token
+to a repeat), is listed only while its entry lives, slides its TTL on a hit, goes before its
+chain's blocks under the budget, and leaves with its entry however the entry goes (eviction, a
+failed verification, clear). No model."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -64,12 +66,69 @@ def test_a_repeated_prompt_is_served_all_but_its_last_token(make) -> None:
     assert (match.num_blocks, match.tail_tokens) == (2, 39)
 
 
-def test_a_prompt_that_leaves_the_tail_early_gets_no_tail(make) -> None:
+def test_a_prompt_that_leaves_the_tail_at_once_gets_no_tail(make) -> None:
     cache = make()
     stored(cache)
-    other = IDS[: 2 * BLOCK_SIZE + 10] + [999] * 40
+    other = IDS[: 2 * BLOCK_SIZE] + [999] * 40
     match = cache.lookup(NS, other)
     assert (match.num_blocks, match.tail) == (2, None)
+
+
+def test_a_tail_serves_its_longest_common_prefix_with_the_prompt(make) -> None:
+    """A 40-token tail after two blocks, the RAM tier off: a prompt that leaves it after k of its
+    tokens (k = 1 .. 40) reuses the two blocks and exactly those k tokens, read from its blob and
+    verified (the K/V of its first k tokens depends on them alone)."""
+    cache = make(ram_bytes=0)
+    key, value = stored(cache)
+    for k in range(1, 41):
+        prompt = [*IDS[: 2 * BLOCK_SIZE + k], 999, 998, *IDS[2 * BLOCK_SIZE + k :]]
+        match = cache.lookup(NS, prompt)
+        assert (match.num_blocks, match.tail_tokens, match.num_tokens) == (2, k, 2 * BLOCK_SIZE + k), k
+        assert torch.equal(match.tail.key[:, :, :k], key[:, :, :k]), k
+        assert torch.equal(match.tail.value[:, :, :k], value[:, :, :k]), k
+    stats = cache.admin.stats()
+    assert (stats.tails_hit, stats.tail_tokens_hit, stats.verification_failures) == (40, 40 * 41 // 2, 0)
+
+
+def test_the_tail_sharing_most_with_the_prompt_serves_it(make) -> None:
+    """Three tails after one tip, sharing 5, 30 and 12 tokens with the prompt: the 30 serve it."""
+    cache = make(ram_bytes=0)
+    base = IDS[: 2 * BLOCK_SIZE]
+    for shared in (5, 30, 12):
+        stored(cache, [*IDS[: 2 * BLOCK_SIZE + shared], *[500 + shared] * 20])
+    match = cache.lookup(NS, [*base, *IDS[2 * BLOCK_SIZE :], 7])
+    assert (match.num_blocks, match.tail_tokens) == (2, 30)
+    assert match.tail.token_ids == (*IDS[2 * BLOCK_SIZE : 2 * BLOCK_SIZE + 30], *[530] * 20)
+
+
+def test_a_tail_listed_without_its_ids_is_served_by_its_names(make, redis_client) -> None:
+    """A listing without token ids (written before they were listed) or with ids that are not its
+    tail's: all or all but the last token are served as before, nothing more, nothing dropped."""
+    for ids in (None, tuple(range(40))):
+        cache = make(ram_bytes=0)
+        cache.admin.clear()
+        stored(cache)
+        tip = block_hashes(IDS, NS)[-1]
+        relist(cache, redis_client, tip, ids)
+        leaves = [*IDS[: 2 * BLOCK_SIZE + 10], 999, *IDS[2 * BLOCK_SIZE + 10 :]]
+        assert cache.lookup(NS, leaves).tail is None
+        assert cache.lookup(NS, IDS).tail_tokens == 39
+        assert cache.lookup(NS, [*IDS, 5]).tail_tokens == 40
+        assert cache.admin.stats().verification_failures == 0
+
+
+def relist(cache: BlockCache, redis_client, tip, ids: tuple[int, ...] | None) -> None:
+    """Rewrite the listings after ``tip`` with ``ids`` as every tail's token ids (None: none)."""
+    index = cache.parts.index
+    if isinstance(index, MemoryIndex):
+        listed = index.tables.tails[(NS, tip)]
+        for name, (listing, expires) in listed.items():
+            listed[name] = (listing._replace(token_ids=ids), expires)
+        return
+    key, field = index.keys.of(NS.hex(), "tails"), tip.hex()
+    items = json.loads(redis_client.hget(key, field))
+    text = ",".join(map(str, ids)) if ids is not None else None
+    redis_client.hset(key, field, json.dumps([[*item[:4], text] if text else item[:4] for item in items]))
 
 
 def test_a_tail_at_the_root_serves_a_prompt_under_one_block(make) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from hashing import BLOCK_SIZE, NamespaceIdentity, block_hashes, chain_hash, short_tail_hash, tail_hash
+from hashing import (
+    BLOCK_SIZE,
+    NamespaceIdentity,
+    block_hashes,
+    chain_hash,
+    shared_tokens,
+    short_tail_hash,
+    tail_hash,
+)
 
 NS = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="t").digest()
 OTHER = NamespaceIdentity(model_fingerprint="m", kv_dtype="float32", tenant="u").digest()
@@ -36,3 +44,14 @@ def test_the_short_name_is_the_name_of_all_but_the_last_token() -> None:
 def test_a_tail_holds_1_to_127_tokens(length: int) -> None:
     with pytest.raises(ValueError):
         tail_hash(NS, list(range(length)))
+
+
+def test_a_tail_serves_its_longest_common_prefix_within_the_room() -> None:
+    """Tokens served: the common prefix of the tail and the prompt's rest, never past ``room``."""
+    tail = (5, 6, 7, 8)
+    assert shared_tokens(tail, (5, 6, 7, 8, 9), 127) == 4  # all of it
+    assert shared_tokens(tail, (5, 6, 7, 8), 3) == 3  # a repeat: all but the prompt's last token
+    assert shared_tokens(tail, (5, 6, 9, 8), 127) == 2  # up to the first token that differs
+    assert shared_tokens(tail, (4, 6, 7, 8), 127) == 0
+    assert shared_tokens(tail, (5, 6), 127) == 2  # the prompt ends first
+    assert shared_tokens(tail, (5, 6, 7, 8), 0) == 0
