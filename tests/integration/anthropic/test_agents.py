@@ -159,12 +159,16 @@ def test_a_system_message_is_rendered_at_its_place_and_the_next_turn_reads_it(ca
 def test_a_breakpoint_on_a_system_message_is_honoured(cached, tiny_model) -> None:
     """A ``cache_control`` mark on a mid-conversation system message's block stores the prompt to
     the end of that message: another conversation sharing the history up to it, not after, reads
-    exactly that many tokens."""
+    that many tokens, and the few after it the two still share (the assistant turn's start: a tail
+    serves every token a prompt shares with it)."""
     sdk = client(cached.server)
     marked = {"type": "text", "text": NOTE, "cache_control": {"type": "ephemeral"}}
     head = [{"role": "user", "content": QUESTION}, {"role": "system", "content": [marked]}]
+    rendered = []
     for after in ("Fine, go on.", "No, stop there and summarise in three words."):
         messages = [*head, {"role": "assistant", "content": after}, {"role": "user", "content": text(9, 20)}]
+        plain = [{"role": "user", "content": QUESTION}, {"role": "system", "content": NOTE}, *messages[2:]]
+        rendered.append(chatml_ids(tiny_model, plain))
         reply = sdk.messages.create(
             model="tiny", max_tokens=4, messages=messages, extra_body={"temperature": 0}
         )
@@ -172,7 +176,9 @@ def test_a_breakpoint_on_a_system_message_is_honoured(cached, tiny_model) -> Non
     to_mark = chatml_ids(
         tiny_model, [{"role": "user", "content": QUESTION}, {"role": "system", "content": NOTE}], False
     )
-    assert reply.usage.cache_read_input_tokens == len(to_mark)
+    shared = next(i for i, (a, b) in enumerate(zip(*rendered, strict=False)) if a != b)
+    assert rendered[0][: len(to_mark)] == to_mark and len(to_mark) <= shared
+    assert reply.usage.cache_read_input_tokens == shared
 
 
 def test_thinking_blocks_in_the_history_are_accepted_and_not_rendered(cached, tiny_model) -> None:
