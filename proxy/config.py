@@ -29,17 +29,6 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "kvproxy"
 
 
-def template_file(path: Path | None) -> Path | None:
-    """``--chat-template``: a file that exists and parses as a Jinja template, or a ValueError
-    naming the file and the fault (the start stops)."""
-    if path is not None:
-        try:
-            read_chat_template(path)
-        except ModelError as exc:
-            raise ValueError(str(exc)) from None
-    return path
-
-
 class ServerSettings(BaseSettings):
     """What both commands are told: where to listen, the Redis, keys and request bounds."""
 
@@ -52,6 +41,10 @@ class ServerSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
+    chat_template: Path | None = Field(
+        None,
+        description="A Jinja chat template file that renders every chat in place of the tokenizer's own.",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Where converted models and, by default, the blobs and the embedded index live "
@@ -123,6 +116,23 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"the scheme must be one of {kinds} or {EMBEDDED_URL}")
         check_url(url)  # NOTE: a RedisURLError is a ValueError: pydantic reports it as this field's
         return url
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, path: Path | None) -> Path | None:
+        """``--chat-template``: a file that exists and parses as a Jinja template, or a ValueError
+        naming the file and the fault (the start stops)."""
+        if path is not None:
+            try:
+                read_chat_template(path)
+            except ModelError as exc:
+                raise ValueError(str(exc)) from None
+        return path
+
+    @property
+    def chat_template_text(self) -> str | None:
+        """The text of ``--chat-template``, or None (the tokenizer's own template)."""
+        return None if self.chat_template is None else read_chat_template(self.chat_template)
 
 
 class Settings(ServerSettings):
@@ -272,16 +282,6 @@ class Settings(ServerSettings):
         description="Seconds a request waits for its cached blocks to be read before it is computed "
         "as a miss instead (a stuck disk or mount).",
     )
-
-    @field_validator("chat_template")
-    @classmethod
-    def _template_file(cls, path: Path | None) -> Path | None:
-        return template_file(path)
-
-    @property
-    def chat_template_text(self) -> str | None:
-        """The text of ``--chat-template``, or None (the model's own template)."""
-        return None if self.chat_template is None else read_chat_template(self.chat_template)
 
     @model_validator(mode="after")
     def _one_blob_location(self) -> Settings:

@@ -16,8 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import Field, field_validator
 
-from engine.model.chat_template import read_chat_template
-from proxy.config import ServerSettings, default_cache_dir, template_file
+from proxy.config import ServerSettings, default_cache_dir
 from proxy.router.policy import Policy
 from store.index.embedded.files import EMBEDDED_URL
 from store.index.redis.connect import redact_url
@@ -104,16 +103,6 @@ class RouteSettings(ServerSettings):
     replica_cooldown: float = Field(
         5.0, gt=0, description="Seconds a failed replica is skipped unless its health probe answers."
     )
-
-    @field_validator("chat_template")
-    @classmethod
-    def _template_file(cls, path: Path | None) -> Path | None:
-        return template_file(path)
-
-    @property
-    def chat_template_text(self) -> str | None:
-        """The text of ``--chat-template``, or None (the tokenizer's own template)."""
-        return None if self.chat_template is None else read_chat_template(self.chat_template)
 
     @field_validator("upstream")
     @classmethod

@@ -59,6 +59,7 @@ def test_shared_settings_worded_for_the_router_keep_serves_default_and_bounds() 
     assert sorted(reworded) == [
         "admin_key",
         "api_keys",
+        "chat_template",
         "cache_dir",
         "key_prefix",
         "redis_retry",
