@@ -59,8 +59,8 @@ def test_shared_settings_worded_for_the_router_keep_serves_default_and_bounds() 
     assert sorted(reworded) == [
         "admin_key",
         "api_keys",
-        "chat_template",
         "cache_dir",
+        "chat_template",
         "key_prefix",
         "redis_retry",
         "redis_url",
