@@ -131,8 +131,8 @@ def test_explanation_names_the_diverging_position(cached) -> None:
 
 
 def test_explanations_reasons(cached, redis_client, key_prefix) -> None:
-    """partial last block (no tail continues the blocks); none for a repeat (blocks and tail);
-    expired or evicted."""
+    """partial last block (no tail continues the blocks to the end: the stored one serves the 34
+    tokens the two share); none for a repeat (blocks and tail); expired or evicted."""
     prompt = random_tokens(300, seed=306)
     post(cached, prompt)
     cached.flush()
@@ -142,7 +142,7 @@ def test_explanations_reasons(cached, redis_client, key_prefix) -> None:
     assert (explanation["reason"], explanation["block_tokens"], explanation["tail_tokens"]) == (
         "partial last block",
         256,
-        0,
+        34,
     )
     explanation = post(cached, prompt, **explain).json()["kvproxy_cache_explanation"]
     assert (explanation["reason"], explanation["block_tokens"], explanation["tail_tokens"]) == (None, 256, 43)
