@@ -205,6 +205,7 @@ def _print(
     table = report.rows(recorder, sessions)
     checks = report.checks(recorder, sessions, min_tool_calls)
     click.echo("\n" + report.markdown(table) + "\n")
+    click.echo(report.summary(table) + "\n")
     for row in table:
         if row["error"]:
             click.echo(f"refused: {row['session']} step {row['step']}: {row['status']} {row['error']}")

@@ -76,11 +76,14 @@ def checks(recorder: Recorder, sessions: list[Session], min_tool_calls: int) -> 
             )
         found.append(Check(f"{session.label}: every request answered", bool(calls) and not refused, detail))
         if session.kind in ("new", "resumed"):
-            share = percent(calls[0]) if calls else None
+            # NOTE: the first prompt the server answered: a context-limit 400 the agent retried
+            # with a smaller max_tokens comes first in every Claude Code step on a 32k model
+            first = next((e for e in calls if e.usage.prompt), None)
+            share = percent(first) if first else None
             shown = (
                 "no usage"
-                if share is None
-                else f"{calls[0].usage.cached}/{calls[0].usage.prompt} = {100 * share:.1f} %"
+                if first is None or share is None
+                else (f"{first.usage.cached}/{first.usage.prompt} = {100 * share:.1f} %")
             )
             found.append(
                 Check(
@@ -99,6 +102,27 @@ def checks(recorder: Recorder, sessions: list[Session], min_tool_calls: int) -> 
                 )
             )
     return found
+
+
+def summary(table: list[dict[str, Any]]) -> str:
+    """One Markdown row per session: its requests (answered, refused), its first answered prompt
+    and the share of it cached, the share cached over all its answered prompts, its tool calls."""
+    lines = [
+        "| session | requests (refused) | first prompt | cached | all prompts cached | tool calls |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for label in dict.fromkeys(row["session"] for row in table):
+        rows_ = [r for r in table if r["session"] == label]
+        answered = [r for r in rows_ if r["prompt"]]
+        refused = sum(r["status"] >= 400 for r in rows_)
+        first = answered[0] if answered else None
+        total = sum(r["prompt"] for r in answered)
+        cached = sum(r["cached"] or 0 for r in answered)
+        first_cells = f"{first['prompt']} | {first['cached']} ({first['cached %']} %)" if first else " | "
+        share = f"{100 * cached / total:.1f} %" if total else ""
+        tools = sum(r["tool calls"] for r in rows_)
+        lines.append(f"| {label} | {len(rows_)} ({refused}) | {first_cells} | {share} | {tools} |")
+    return "\n".join(lines)
 
 
 def _refused(exchange: Exchange) -> bool:

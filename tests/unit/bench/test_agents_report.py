@@ -33,6 +33,7 @@ def test_a_recovered_context_limit_is_no_fault_another_400_is() -> None:
         _call("a/fresh", 400, error=LIMIT),
         _call("a/fresh", cached=0),
         _call("a/fresh", cached=900),
+        _call("a/new", 400, error=LIMIT),  # NOTE: judged on the first answered prompt, next
         _call("a/new", cached=950),
         _call("a/new", 400, error="tools of type `namespace` are not supported"),
         _call("a/new", cached=990),
