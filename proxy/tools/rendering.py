@@ -105,8 +105,11 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             **{k: _protect_data(tokenizer, v, hidden, nonce) for k, v in data.items()},
         )
-    except (TemplateError, LookupError, TypeError, ValueError) as exc:  # templates index and raise
-        raise RenderError("messages", f"{REJECTED}: {exc}") from exc
+    # NOTE: a template is code (an operator's --chat-template too): whatever it raises while it
+    # renders (an index, raise_exception, a division by zero, the sandbox's range limit) refuses
+    # the messages; it is never a 500
+    except (TemplateError, LookupError, TypeError, ValueError, ArithmeticError, AttributeError) as exc:
+        raise RenderError("messages", f"{REJECTED}: {type(exc).__name__}: {exc}") from exc
     if continue_final_message:
         if text.count(end) != 1:
             raise RenderError(

@@ -69,6 +69,24 @@ def test_a_template_failure_is_a_render_error(tiny_model) -> None:
         render_chat(tiny_model.tokenizer, [])
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{{ (messages | length) // 0 }}",  # ZeroDivisionError
+        "{% for i in range(100000000) %}{{ i }}{% endfor %}",  # the sandbox's range limit
+        "{{ messages[0].content.no_such_method() }}",  # calling an undefined attribute
+        "{{ raise_exception('no system messages') }}",
+    ],
+)
+def test_whatever_a_template_raises_is_a_render_error(tiny_model, body) -> None:
+    """An operator's ``--chat-template`` is code too: any fault while it renders refuses the
+    messages (a 400 naming them), never a 500."""
+    tokenizer = copy.copy(tiny_model.tokenizer)
+    tokenizer.chat_template = body
+    with pytest.raises(RenderError):
+        render_chat(tokenizer, [{"role": "user", "content": "hi"}])
+
+
 # NOTE: 77 bytes of Jinja whose nested loops run for seconds: what a hostile body once sent
 BOMB = "{% for a in range(9999) %}{% for b in range(9999) %}{{ a }}{% endfor %}{% endfor %}"
 PERSONA = (
