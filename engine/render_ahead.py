@@ -39,14 +39,18 @@ class RenderAhead:
         self._jobs: deque[GenerationRequest] = deque(maxlen=MAX_PENDING)
         self._lock = threading.Lock()
         self.submitted = self.computed = self.skipped = 0
-        """Starts submitted; computed and stored; skipped (too long uncached, or dropped when
-        more than ``MAX_PENDING`` waited)."""
+        """Starts submitted; computed and stored; skipped (too long uncached, filling the context,
+        or dropped when more than ``MAX_PENDING`` waited)."""
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue the start of a next turn (``request.prewarm`` set); thread-safe."""
+        """Queue the start of a next turn (``request.prewarm`` set); thread-safe. A start that
+        fills the model's context (an answer the window ended) is skipped: no next turn fits."""
         assert request.prewarm, request
         with self._lock:
             self.submitted += 1
+            if len(request.prompt_ids) >= self.loaded.context_length:
+                self.skipped += 1
+                return
             self.skipped += len(self._jobs) == MAX_PENDING
             self._jobs.append(request)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
+from engine.requests import GenerationRequest
 from tests.api import Api
 from tests.helpers import wait_for
 
@@ -98,3 +99,12 @@ def test_without_render_ahead_a_reasoning_template_recomputes_each_answer(
             api.flush()
         assert api.engine.ahead.submitted == 0
         assert reply.usage.prompt_tokens_details.cached_tokens < end
+
+
+def test_a_start_that_fills_the_context_is_skipped(cached) -> None:
+    """After an answer the context window ended, the next turn's start holds the whole window: no
+    next turn fits, so it is skipped, never computed (which would fail past the last position)."""
+    ahead, context = cached.engine.ahead, cached.engine.loaded.context_length
+    skipped = ahead.skipped
+    ahead.submit(GenerationRequest(tuple(range(1, context + 1)), 1, prewarm=True))
+    assert (ahead.pending, ahead.skipped) == (0, skipped + 1)
