@@ -28,6 +28,9 @@ NAMESPACE_SEPARATOR = "__"
 """Between a namespace and a function's name in the name the model sees (``a-z0-9_-`` only, as
 a function's name is)."""
 
+MAX_NAMED = 8
+"""The most kinds of tool a warning names (``ToolPlan.warning``)."""
+
 
 def flat_name(name: str, namespace: str | None) -> str:
     """The name the model sees for ``name`` in ``namespace`` (``name`` itself outside one)."""
@@ -59,7 +62,10 @@ class ToolPlan:
         """``WARNING_HEADER``'s value (None when every tool was offered)."""
         if not self.left_out:
             return None
-        return f"tools left out, this server cannot run them: {', '.join(self.left_out)}"
+        # NOTE: the kinds are the request's text: a few, each cut short, and a count of the rest
+        shown = ", ".join(kind[:64] for kind in self.left_out[:MAX_NAMED])
+        more = f" and {len(self.left_out) - MAX_NAMED} more" if len(self.left_out) > MAX_NAMED else ""
+        return f"tools left out, this server cannot run them: {shown}{more}"
 
     def param(self, param: str | None) -> str | None:
         """A chat error's ``tools[k]...`` as the request names that tool."""

@@ -203,3 +203,11 @@ def test_history_items_an_agent_keeps_render_as_tool_turns() -> None:
         call("f1", "ns__f", "{}"),
         {"role": "tool", "name": "goals__goal", "content": "g"},
     ]
+
+
+def test_a_warning_names_a_few_left_out_kinds_and_counts_the_rest() -> None:
+    """Left-out kinds are the request's text: a warning names the first few, each cut short, and
+    counts the rest, so a body with many hosted tools gets a short header that says how many."""
+    kinds = [f"hosted_{i}_" + "x" * 200 for i in range(20)]
+    warning = tool_plan([{"type": kind} for kind in kinds]).warning()
+    assert warning is not None and warning.endswith(" and 12 more") and len(warning) < 700
