@@ -12,9 +12,12 @@ from collections.abc import Iterable, Mapping
 log = logging.getLogger(__name__)
 
 PREFIX = "KVPROXY_"
-READ_ELSEWHERE = frozenset({"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL", "KVPROXY_TEST_REDIS_SERVER"})
+READ_ELSEWHERE = frozenset(
+    {"KVPROXY_API_KEY", "KVPROXY_TEST_REDIS_URL", "KVPROXY_TEST_REDIS_SERVER", "KVPROXY_AGENTS_NPM_PREFIX"}
+)
 """``KVPROXY_*`` variables that name no setting but are read on purpose: ``kvproxy cache``'s
-``--api-key`` and the tests' Redis (``tests/conftest.py``)."""
+``--api-key``, the tests' Redis (``tests/conftest.py``) and where the agents check finds
+the agents (``tests/e2e/test_real_agents.py``)."""
 CLIENT_KEY = "KVPROXY_API_KEY"
 """The key ``kvproxy cache`` sends: set for a server, it is a server left open by mistake for
 ``KVPROXY_API_KEYS`` (the keys a server requires), unless those are set too."""
