@@ -1,12 +1,15 @@
 """Hostile and careless schemas and tool lists, on a real server with the tiny model: each kind
 (deep, wide, many tools, a long list with a repeated name, deeper than llguidance parses) is a
 400 naming the field, in every dialect's own error shape, at once; the largest allowed request
-is served; and ``/health`` answers within a second while the worst of each is in flight.
+is served; ``/health`` keeps answering while the worst of each is in flight, and no grammar is
+compiled on the event loop's thread (checked by where the work runs, not by how long it takes:
+the tests never depend on the machine's speed).
 
 Limits: ``proxy.tools.limits`` (docs/operations.md, "Request limits")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -17,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine import constraint
 from proxy.router.app import create_route_app
 from proxy.router.settings import RouteSettings
 from tests.conftest import shared_redis_url
@@ -63,22 +67,20 @@ def function(name: str, parameters: dict[str, Any] | None = None) -> dict[str, A
     }
 
 
-def health_while(base_url: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, list[float]]:
-    """``send()``'s answer, and the latency of every ``/health`` call made while it was in flight
-    (polled from before it starts until it ends; a call that failed or took over 5 s counts as
-    ``inf``)."""
+def health_while(base_url: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, list[bool]]:
+    """``send()``'s answer, and whether each ``/health`` call made while it was in flight was
+    answered 200 (polled from before it starts until it ends; a call that failed or got no
+    answer within ``BOUND_S`` counts as False)."""
     done = threading.Event()
-    latencies: list[float] = []
+    answered: list[bool] = []
 
     def poll() -> None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=BOUND_S) as client:
             while not done.is_set():
-                start = time.monotonic()
                 try:
-                    ok = client.get(f"{base_url}/health").status_code == 200
+                    answered.append(client.get(f"{base_url}/health").status_code == 200)
                 except httpx.HTTPError:
-                    ok = False
-                latencies.append(time.monotonic() - start if ok else float("inf"))
+                    answered.append(False)
                 time.sleep(0.02)
 
     poller = threading.Thread(target=poll, daemon=True)
@@ -88,8 +90,28 @@ def health_while(base_url: str, send: Callable[[], httpx.Response]) -> tuple[htt
         answer = send()
     finally:
         done.set()
-        poller.join(10)
-    return answer, latencies
+        poller.join(BOUND_S)
+    return answer, answered
+
+
+@pytest.fixture
+def compiles(monkeypatch) -> list[bool]:
+    """Whether each grammar compile (llguidance's tokenizer view, built for every check and
+    matcher: ``engine.constraint``) ran on a thread that runs an event loop."""
+    on_loop: list[bool] = []
+    build = constraint._tokenizer
+
+    def watched(*args: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return build(*args)
+
+    monkeypatch.setattr(constraint, "_tokenizer", watched)
+    monkeypatch.setattr(constraint, "_VERDICTS", constraint.Verdicts(max_bytes=1 << 20))  # NOTE: none cached
+    return on_loop
 
 
 @pytest.fixture
@@ -145,34 +167,37 @@ KINDS = [
 
 
 @pytest.mark.parametrize(("kind", "allowed", "over", "param"), KINDS, ids=[k[0] for k in KINDS])
-def test_each_kind_is_served_at_its_limit_and_refused_past_it(server, kind, allowed, over, param) -> None:
-    """The largest allowed request passes the limits (its grammars compiled) and the next one is
-    a 400 naming the field; while either is in flight, ``/health`` answers within a second.
+def test_each_kind_is_served_at_its_limit_and_refused_past_it(
+    server, compiles, kind, allowed, over, param
+) -> None:
+    """The largest allowed request passes the limits (its grammars compiled, off the event loop)
+    and the next one is a 400 naming the field; while either is in flight, ``/health`` answers.
 
     NOTE: the tool definitions go into the prompt, and 5,000 properties' worth are more tokens
     than the tiny model's context holds: those allowed requests end there (every check and
     grammar compile done), a 400 for the context length."""
-    allowed_answer, latencies = health_while(
+    allowed_answer, answered = health_while(
         server.base_url, lambda: post(server, "/v1/chat/completions", allowed)
     )
-    assert latencies and max(latencies) < 1.0, (kind, max(latencies))
+    assert answered and all(answered), kind
+    assert compiles and not any(compiles), (kind, compiles)
     if allowed_answer.status_code != 200:
         assert allowed_answer.json()["error"]["code"] == "context_length_exceeded", allowed_answer.text
         assert "tools" in allowed, allowed_answer.text
-    answer, latencies = health_while(server.base_url, lambda: post(server, "/v1/chat/completions", over))
-    assert latencies and max(latencies) < 1.0, (kind, max(latencies))
+    answer, answered = health_while(server.base_url, lambda: post(server, "/v1/chat/completions", over))
+    assert answered and all(answered), kind
     refused(answer, param)
 
 
 def test_a_long_tool_list_with_a_repeated_name_is_refused_at_once(server) -> None:
     """Fifty thousand tools (about 3 MB) are one 400 naming ``tools``, without a quadratic
-    duplicate check on the event loop: ``/health`` answers within a second meanwhile."""
+    duplicate check (the count is checked first), and ``/health`` answers meanwhile."""
     tools = [function(f"t{i}") for i in range(50_000)] + [function("t0")]
-    answer, latencies = health_while(
+    answer, answered = health_while(
         server.base_url, lambda: post(server, "/v1/chat/completions", CHAT | {"tools": tools})
     )
     assert "at most 128 tools" in refused(answer, "tools")
-    assert latencies and max(latencies) < 1.0, max(latencies)
+    assert answered and all(answered)
 
 
 @pytest.mark.parametrize(
@@ -227,9 +252,9 @@ def test_anthropic_and_responses_have_the_same_limits(server, schema, dialect, p
     """A schema over the depth or the width limit is a 400 naming the field in the Messages and
     Responses APIs too (before: one nested 40 deep took hours to close, a worker thread held)."""
     text = json.dumps(body).replace('"SCHEMA"', json.dumps(schema))
-    answer, latencies = health_while(server.base_url, lambda: post(server, path, text))
+    answer, answered = health_while(server.base_url, lambda: post(server, path, text))
     refused(answer, param, dialect)
-    assert latencies and max(latencies) < 1.0, max(latencies)
+    assert answered and all(answered)
 
 
 # (dialect, path, body with ``SCHEMA`` where the deep schema goes, the field named)
@@ -335,17 +360,17 @@ def router_before(key_prefix: str) -> Iterator[ServerThread]:
 def test_the_router_is_not_tied_up_by_hostile_tools(key_prefix) -> None:
     """The router's key of a body with a schema nested 600 deep, or 50,000 tools, is computed at
     once (the body then goes to a replica, which refuses it) and a body nested past Python's
-    parser is the router's 400: never a 500, and ``/health`` answers within a second."""
+    parser is the router's 400: never a 500, and ``/health`` answers meanwhile."""
     deep = json.dumps(CHAT | {"tools": [function("f", {"type": "object", "properties": {"a": "SCHEMA"}})]})
     many = CHAT | {"tools": [function(f"t{i}") for i in range(50_000)]}
     nested_body = '{"model": "fake", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
     with router_before(key_prefix) as router:
         for body in (deep.replace('"SCHEMA"', arrays(600)), many, nested_body):
-            answer, latencies = health_while(
+            answer, answered = health_while(
                 router.base_url, lambda b=body: post(router, "/v1/chat/completions", b)
             )
             assert answer.status_code in (200, 400), answer.text[:300]
-            assert latencies and max(latencies) < 1.0, max(latencies)
+            assert answered and all(answered)
         assert answer.status_code == 400
 
 
