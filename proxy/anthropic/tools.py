@@ -36,12 +36,13 @@ def message_tools(tools: Any, choice: Any) -> tuple[ToolSet | None, list[str]]:
     if tools is not None and not isinstance(tools, list):
         raise OpenAIError(400, "`tools` is a list", param="tools")
     check_tool_count(tools)
-    defined, left_out, budget = [], [], SchemaBudget()
+    defined, left_out, unrun, budget = [], [], [], SchemaBudget()
     for i, tool in enumerate(tools or []):
         if not isinstance(tool, dict):
             raise OpenAIError(400, "a tool is an object", param=f"tools[{i}]")
         if (kind := tool.get("type", "custom")) != "custom":
             left_out.append(f"tools[{i}] ({kind!s:.64}): a server or Anthropic-defined tool, left out")
+            unrun.append(str(tool.get("name", kind)))
             continue
         param = f"tools[{i}]"
         fields = (tool.get("name"), tool.get("description"), tool.get("input_schema"))
@@ -53,7 +54,7 @@ def message_tools(tools: Any, choice: Any) -> tuple[ToolSet | None, list[str]]:
         return None, left_out
     parallel = False if choice.get("disable_parallel_tool_use") else None
     mode = cast(Mode, CHOICES[choice["type"]])
-    return tool_set(defined, mode, choice.get("name"), parallel, "tool_choice"), left_out
+    return tool_set(defined, mode, choice.get("name"), parallel, "tool_choice", unrun), left_out
 
 
 def output_schema(output_config: Any, output_format: Any) -> dict[str, Any] | None:

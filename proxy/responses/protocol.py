@@ -10,6 +10,7 @@ would change the answer and cannot be honoured are refused, naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, Count, Real
 from proxy.responses.replies import ResponseUsage
 from proxy.responses.tools import ToolPlan, chat_tool_choice, echoed_tool, tool_plan
+from proxy.serving.metadata import LeftOut
 from proxy.tools.limits import check_tool_count
 from proxy.tools.rendering import TemplateMessage
 
@@ -181,6 +183,17 @@ def responses_param(param: str | None) -> str | None:
         if param == chat or param.startswith((chat + ".", chat + "[")):
             return ours if chat == "messages" else ours + param[len(chat) :]
     return param.replace(".function.", ".", 1) if param.startswith("tools[") else param
+
+
+def responses_left_out(left_out: tuple[LeftOut, ...], instructions: bool) -> tuple[LeftOut, ...]:
+    """The client metadata a chat turn left out (``proxy.serving.metadata``), each named as the
+    Responses request names its field: ``instructions`` (the chat's first system message, when
+    the request has instructions), else ``input``."""
+    first = "instructions" if instructions else "input"
+    return tuple(
+        dataclasses.replace(out, param=first if out.param.startswith("messages[0].") else "input")
+        for out in left_out
+    )
 
 
 def usage(counts: Usage) -> ResponseUsage:

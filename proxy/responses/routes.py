@@ -9,6 +9,7 @@ response's output, then this request's input. With ``store`` (the default) it is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Annotated, Any, Literal
 
@@ -28,7 +29,13 @@ from proxy.responses.events import events
 from proxy.responses.history import chat_messages, check_calls
 from proxy.responses.items import input_items, output_items
 from proxy.responses.limits import context_ended, context_error, ended_error, failed_error, refused_stream
-from proxy.responses.protocol import UNSUPPORTED, ResponsesRequest, responses_param, usage
+from proxy.responses.protocol import (
+    UNSUPPORTED,
+    ResponsesRequest,
+    responses_left_out,
+    responses_param,
+    usage,
+)
 from proxy.responses.replies import OutputItem, ResponseObject
 from proxy.responses.state import ResponsesDep, ResponseStore, StoredResponse
 from proxy.responses.tools import ToolPlan, add_warning, tool_plan
@@ -126,7 +133,12 @@ async def start_response(
         raise OpenAIError(400, f"{param}: {first.get('msg')}", param=param) from None
     except OpenAIError as exc:
         exc.param = tools.param(responses_param(exc.param))
+        if exc.param == "tool_choice" and tools.left_out and not tools.chat:
+            exc.message += f"; {tools.warning()}"
         raise
+    if (explanation := turn.started.explanation) is not None and explanation.left_out:
+        left_out = responses_left_out(explanation.left_out, bool(body.instructions))
+        turn.started.explanation = dataclasses.replace(explanation, left_out=left_out)
     return chat, turn
 
 

@@ -143,16 +143,16 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     choice (a namespaced function by its flat name).
 
     Raises:
-        OpenAIError: 400 for another kind of choice (hosted tools, ``allowed_tools``).
+        OpenAIError: 400 for another kind of choice: a hosted tool's (it is left out, see
+            ``tool_plan``), ``allowed_tools``.
     """
     if isinstance(choice, str):
         return choice
-    namespace = choice.get("namespace")
-    if (
-        choice.get("type") == "function"
-        and isinstance(choice.get("name"), str)
-        and isinstance(namespace, str | None)
-    ):
+    kind, namespace = choice.get("type"), choice.get("namespace")
+    if isinstance(kind, str) and kind not in ("function", "allowed_tools"):
+        reason = f"tool_choice names a `{kind:.64}` tool, which this server cannot run (left out)"
+        raise OpenAIError(400, reason, param="tool_choice")
+    if kind == "function" and isinstance(choice.get("name"), str) and isinstance(namespace, str | None):
         return {"type": "function", "function": {"name": flat_name(choice["name"], namespace)}}
     raise OpenAIError(
         400, "tool_choice is auto, none, required or {type: function, name}", param="tool_choice"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
@@ -208,8 +209,17 @@ def make_tool(
     return Tool(name, description or "", canonical(parameters), bool(strict))
 
 
-def tool_set(tools: list[Tool], mode: Mode, name: str | None, parallel: bool | None, param: str) -> ToolSet:
-    """Check names are distinct and a named choice names one of them.
+def tool_set(
+    tools: list[Tool],
+    mode: Mode,
+    name: str | None,
+    parallel: bool | None,
+    param: str,
+    left_out: Sequence[str] = (),
+) -> ToolSet:
+    """Check names are distinct and a named choice names one of them. ``left_out``: the names
+    of the request's tools the dialect left out of the prompt (tools this server cannot run),
+    said in the refusal of a choice that needs one of them.
 
     Raises:
         OpenAIError: 400 naming ``param`` (the tool choice) or the repeated tool.
@@ -219,8 +229,12 @@ def tool_set(tools: list[Tool], mode: Mode, name: str | None, parallel: bool | N
         if tool.name in names:
             raise OpenAIError(400, f"tool `{tool.name}` is defined twice", param="tools")
         names.add(tool.name)
+    if mode == "named" and name not in names and name in left_out:
+        reason = f"tool choice names `{name!s:.64}`, a tool this server cannot run (left out of the prompt)"
+        raise OpenAIError(400, reason, param=param)
     if mode in ("required", "named") and not tools:
-        raise OpenAIError(400, "a tool choice that calls a tool needs `tools`", param=param)
+        but = " this server can run (the tools sent are left out of the prompt)" if left_out else ""
+        raise OpenAIError(400, f"a tool choice that calls a tool needs `tools`{but}", param=param)
     if mode == "named" and name not in names:
         raise OpenAIError(400, f"tool choice names `{name}`, which is not in `tools`", param=param)
     return ToolSet(tuple(tools), mode, name, parallel)

@@ -152,10 +152,14 @@ def test_tool_results_and_cached_tool_definitions(cached, client) -> None:
     ],
 )
 def test_unsupported_tools_are_400s(client, fields, param) -> None:
-    """A bad tool, a bad choice (one naming a tool left out too) is a 400 naming the field."""
+    """A bad tool, a bad choice (one naming a tool left out too: the message says it is one this
+    server cannot run) is a 400 naming the field."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(**{"model": "tiny", "max_tokens": 5, "messages": USER} | fields)
-    assert param in caught.value.body["error"]["message"]
+    message = caught.value.body["error"]["message"]
+    assert param in message
+    if fields.get("tool_choice") == {"type": "tool", "name": "web_search"}:
+        assert "`web_search`, a tool this server cannot run" in message
 
 
 def test_server_and_anthropic_defined_tools_are_left_out_with_a_warning(client) -> None:

@@ -164,6 +164,39 @@ def test_hosted_tools_are_left_out_with_a_warning(cached) -> None:
     assert "x-kvproxy-warning" not in api.responses.with_raw_response.create(**kwargs, tools=[SPAWN]).headers
 
 
+@pytest.mark.parametrize(
+    ("tools", "choice", "said"),
+    [
+        (HOSTED, {"type": "web_search"}, "a `web_search` tool, which this server cannot run"),
+        (HOSTED[:1] + [SPAWN], {"type": "custom", "name": "apply_patch"}, "a `custom` tool"),
+        (HOSTED, "required", "tools left out, this server cannot run them: web_search"),
+    ],
+)
+def test_a_choice_of_a_tool_left_out_says_so(cached, tools, choice, said) -> None:
+    """A tool choice that can only be met by a tool the server leaves out (a hosted tool's, or
+    ``required`` with hosted tools alone) is a 400 on ``tool_choice`` that says why."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client(cached.server).responses.create(**GREEDY, input="hi", tools=tools, tool_choice=choice)
+    assert err.value.body["param"] == "tool_choice" and said in err.value.body["message"]
+
+
+@pytest.mark.parametrize(("instructions", "param"), [("You help.", "instructions"), (None, "input")])
+def test_client_metadata_is_named_as_the_request_names_it(cached, instructions, param) -> None:
+    """Claude Code's billing header at the start of the instructions, or of a system message in
+    ``input``, is left out and the explanation names that field (not the chat's
+    ``messages[0]``)."""
+    billing = "x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=cli;"
+    system = {"type": "message", "role": "system", "content": billing + " Be brief."}
+    body = {**GREEDY, "max_output_tokens": 1, "store": False, "input": [system, HISTORY[0]]}
+    if instructions is not None:
+        body |= {"instructions": billing + instructions, "input": [HISTORY[0]]}
+    explained = httpx.post(
+        f"{cached.server.base_url}/v1/responses", json=body, headers={"x-kvproxy-explain": "1"}, timeout=120
+    ).json()
+    left_out = [{"rule": "claude-code-billing-header", "param": param}]
+    assert explained["kvproxy_cache_explanation"]["left_out"] == left_out
+
+
 def test_every_item_an_agent_keeps_is_accepted_and_resumes(cached) -> None:
     """A history holding a result without ``call_id`` (Codex's goals), reasoning, compaction, a
     hosted search, custom and local shell calls with their results is served, each item listed
