@@ -168,7 +168,7 @@ def test_hosted_tools_are_left_out_with_a_warning(cached) -> None:
     ("tools", "choice", "said"),
     [
         (HOSTED, {"type": "web_search"}, "a `web_search` tool, which this server cannot run"),
-        (HOSTED[:1] + [SPAWN], {"type": "custom", "name": "apply_patch"}, "a `custom` tool"),
+        ([*HOSTED[:1], SPAWN], {"type": "custom", "name": "apply_patch"}, "a `custom` tool"),
         (HOSTED, "required", "tools left out, this server cannot run them: web_search"),
     ],
 )
