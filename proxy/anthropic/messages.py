@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from proxy.anthropic import protocol as anthropic
@@ -18,6 +18,7 @@ from proxy.anthropic.turns import check_body, messages_turn, system_role_refused
 from proxy.config import Settings
 from proxy.http.auth import Tenant
 from proxy.http.errors import OpenAIError
+from proxy.http.warnings import warning_headers
 from proxy.serving.facts import ModelFacts, served_model
 from proxy.serving.prompts import layout, render_turn
 from proxy.serving.starting import finish_turn, start_turn
@@ -48,9 +49,11 @@ async def count_tokens(
     engine: EngineDep,
     settings: SettingsDep,
     tenant: Tenant,
+    response: Response,
 ) -> dict[str, int]:
     """The prompt length of a Messages body, in tokens, as ``/v1/messages`` would render it (its
-    breakpoints included: one the template cannot render is the same 400)."""
+    breakpoints included: one the template cannot render is the same 400), with the same
+    warning for tools left out of the prompt (``x-kvproxy-warning``)."""
     body = await messages_body(request, engine, body, tenant)
     tokenizer, facts = served_model(engine)
     turn = await run_in_threadpool(accept, facts, body, tenant, settings)
@@ -60,6 +63,7 @@ async def count_tokens(
         layout(tokenizer, turn, prompt, settings.max_ttl)
         return len(prompt.ids)
 
+    response.headers.update(warning_headers(turn.warnings))
     try:
         return {"input_tokens": await run_in_threadpool(rendered)}
     except OpenAIError as exc:

@@ -180,6 +180,8 @@ def test_server_and_anthropic_defined_tools_are_left_out_with_a_warning(client) 
     only = client.messages.with_raw_response.create(**kwargs, tools=hosted)
     assert _prompt(only.parse()) == _prompt(client.messages.create(**kwargs))
     assert "web_search" in only.headers["x-kvproxy-warning"]
+    counted = client.messages.with_raw_response.count_tokens(model="tiny", messages=USER, tools=hosted)
+    assert "tools[0] (web_search_20250305)" in counted.headers["x-kvproxy-warning"]
 
 
 def _prompt(reply) -> int:
