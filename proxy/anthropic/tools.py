@@ -14,7 +14,7 @@ from proxy.anthropic.protocol import TTL_S
 from proxy.http.errors import OpenAIError
 from proxy.tools.grammars import closed
 from proxy.tools.limits import SchemaBudget, check_tool_count
-from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, json_value, make_tool, tool_set
+from proxy.tools.spec import NOT_JSON, Mode, ToolCall, ToolSet, dumps, json_value, make_tool, tool_set
 
 CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
 """Anthropic's ``tool_choice.type`` as a ``ToolSet`` mode."""
@@ -113,6 +113,12 @@ def content(text: str, calls: list[ToolCall]) -> list[ReplyBlock]:
     ``tool_use`` block per call."""
     blocks: list[ReplyBlock] = [TextBlock(type="text", text=text)] if text or not calls else []
     return blocks + [tool_use(call.id, call.name, _input(call.arguments)) for call in calls]
+
+
+def echoed_arguments(arguments: str) -> str:
+    """A call's arguments as Claude's history sends them back: the ``tool_use`` block's
+    ``input`` (``content``) serialized as ``proxy.anthropic.turns`` serializes a history's."""
+    return dumps(_input(arguments) or {})
 
 
 def _input(arguments: str) -> Any:

@@ -6,7 +6,6 @@ find the replica that holds them, so this module imports no engine.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
@@ -14,11 +13,12 @@ from proxy.anthropic.caching import breakpoint_error
 from proxy.anthropic.content import content_error, prefill
 from proxy.anthropic.protocol import TTL_S, ContentBlock, Message, MessagesRequest
 from proxy.anthropic.thinking import reasoning_error
-from proxy.anthropic.tools import message_tools, output_schema, tool_breakpoints
+from proxy.anthropic.tools import echoed_arguments, message_tools, output_schema, tool_breakpoints
 from proxy.http.errors import OpenAIError
 from proxy.serving.metadata import LeftOut, leave_out
 from proxy.serving.turn import CacheMark, Params, Sampling, Turn
 from proxy.tools.rendering import REJECTED, TemplateMessage
+from proxy.tools.spec import dumps
 
 PARAMS = Params(prompt="messages", tools="tools[{i}].input_schema", schema="output_config.format.schema")
 """Where a Messages body's errors are named."""
@@ -96,6 +96,7 @@ def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = Fals
         prefill=filled,
         params=PARAMS if extra.get("output_format") is None else OUTPUT_FORMAT_PARAMS,
         call_prefix=CALL_PREFIX,
+        echo_arguments=echoed_arguments,
         left_out=left_out,
         warnings=tuple(left_out_tools),
     )
@@ -217,7 +218,7 @@ class ToolCallEntry(TypedDict):
 
 def _tool_call(block: Mapping[str, Any]) -> ToolCallEntry:
     """A ``tool_use`` block as a template message's ``tool_calls`` entry (OpenAI's shape)."""
-    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+    arguments = dumps(block.get("input") or {})
     return {
         "id": block.get("id"),
         "type": "function",

@@ -27,13 +27,14 @@ _PROBES = ("x", "7 " + "\n")
 def next_turn_start(
     tokenizer: Any,
     messages: Sequence[TemplateMessage],
-    answer: str,
+    answer: TemplateMessage,
     template_kwargs: dict[str, Any] | None = None,
     tools: list[OpenAITool] | None = None,
 ) -> list[int]:
     """The token ids every next prompt of this chat starts with, once ``answer`` is the
-    assistant's message after ``messages`` (empty when the template cannot render it)."""
-    history = [*messages, {"role": "assistant", "content": answer}]
+    assistant's message after ``messages`` as the next request's history renders it
+    (``proxy.tools.prompt.answer_turn``; empty when the template cannot render it)."""
+    history = [*messages, answer]
     try:
         a, b = (
             render_chat(

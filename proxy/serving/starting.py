@@ -109,7 +109,10 @@ async def start_turn(
     if turn.messages is not None:
         # NOTE: after a prefill, the next turn holds the whole assistant turn: prefill and answer
         history = prompt.messages[:-1] if turn.prefill is not None else prompt.messages
-        ahead = render_ahead(engine, tokenizer, settings, history, generation, prompt.data, prompt.tools)
+        said = partial(plan.history_message, echo=turn.echo_arguments)
+        ahead = render_ahead(
+            engine, tokenizer, settings, history, generation, said, prompt.data, prompt.tools
+        )
         if ahead is not None and turn.prefill is not None:
             ahead = partial(_continued, ahead, turn.prefill)
         if turn.tools is not None:
@@ -189,19 +192,21 @@ def render_ahead(
     settings: Settings,
     messages: Sequence[TemplateMessage],
     generation: GenerationRequest,
+    said: Callable[[str], TemplateMessage],
     data: dict[str, Any] | None = None,
     tools: list[OpenAITool] | None = None,
 ) -> Callable[[str], object] | None:
     """What ``proxy.serving.running.start`` calls with a chat turn's answer: the next turn's
     start, rendered on a worker thread, handed to the engine (``Engine.render_ahead``) with the
-    request's tenant and TTLs (``tokenizer``: the served model's). None when the cache or
-    render-ahead is off."""
+    request's tenant and TTLs (``tokenizer``: the served model's; ``said``: the answer's text as
+    the next request's history holds it, ``AnswerPlan.history_message``). None when the cache
+    or render-ahead is off."""
     if engine.cache is None or settings.no_render_ahead:
         return None
     loop = asyncio.get_running_loop()
 
     def job(answer: str) -> None:
-        ids = next_turn_start(tokenizer, messages, answer, data, tools)
+        ids = next_turn_start(tokenizer, messages, said(answer), data, tools)
         if len(ids) > len(generation.prompt_ids):
             ttls = generation.cache_ttl_s
             engine.render_ahead(

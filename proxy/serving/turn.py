@@ -107,6 +107,9 @@ class Turn:
         boundaries: further prompt positions where a tail is stored.
         params: the fields errors are named under.
         call_prefix: the prefix of the ids given to the answer's tool calls.
+        echo_arguments: a call's arguments (JSON text) as the dialect's client sends them back
+            in a later request's history, when not as returned (Anthropic's ``input`` is an
+            object, serialized again): what render-ahead renders.
         prompt_of: the prompt to compute for the chat's rendered ids (default: those ids), e.g. a
             conversation's stored ids continued (``proxy.responses``).
         left_out: client metadata the dialect left out of ``messages``
@@ -134,6 +137,7 @@ class Turn:
     boundaries: tuple[int, ...] = ()
     params: Params = field(default_factory=Params)
     call_prefix: str = "call_"
+    echo_arguments: Callable[[str], str] | None = None
     prompt_of: Callable[[list[int]], list[int]] | None = None
     left_out: tuple[LeftOut, ...] = ()
     warnings: tuple[str, ...] = ()

@@ -3,6 +3,7 @@ text split into content and tool calls, whole or while it streams."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from engine.constraint import GrammarError, check_grammar
 from proxy.http.errors import OpenAIError
 from proxy.tools import grammars
 from proxy.tools.formats import Parsed, ToolFormat, tool_format
-from proxy.tools.rendering import special_strings
+from proxy.tools.prompt import answer_turn
+from proxy.tools.rendering import TemplateMessage, special_strings
 from proxy.tools.spec import Arguments, CallStart, Piece, Text, ToolCall, ToolSet, call_id
 
 
@@ -41,6 +43,16 @@ class AnswerPlan:
         assert self.tools is not None
         parsed = self.format.parse(text, self.tools)
         return parsed.content, [ToolCall(call_id(self.id_prefix), n, a) for n, a, _ in parsed.calls]
+
+    def history_message(self, text: str, echo: Callable[[str], str] | None = None) -> TemplateMessage:
+        """A whole answer as a later request's history renders it (``answer_turn``): read as
+        its text and calls, each call's arguments as the client sends them back (``echo``;
+        ``Turn.echo_arguments``). What render-ahead renders: the model's own text may differ
+        from it (a call's arguments serialized again, an escape written another way)."""
+        content, calls = self.read(text)
+        if echo is not None:
+            calls = [dataclasses.replace(call, arguments=echo(call.arguments)) for call in calls]
+        return answer_turn(content, calls, self.tools, self.format)
 
     def stream(self) -> AnswerStream:
         return AnswerStream(self)

@@ -14,6 +14,7 @@ them, so the next turn's prompt repeats an answer token for token (and its K/V s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.tools.formats import ToolFormat
@@ -23,6 +24,7 @@ from proxy.tools.spec import (
     NOT_JSON,
     OpenAITool,
     Tool,
+    ToolCall,
     ToolSet,
     canonical,
     dumps,
@@ -53,6 +55,23 @@ def tool_messages(
     if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         return messages, None
     return _generic_turns(messages, tools), None
+
+
+def answer_turn(
+    text: str, calls: Sequence[ToolCall], tools: ToolSet | None, fmt: ToolFormat
+) -> TemplateMessage:
+    """An answer's assistant message as a later request's history renders it (``tool_messages``
+    of a history that holds it): its text, and its calls as the client sends them back (their
+    ids, names and arguments as ``calls`` gives them; no text beside calls is ``None``)."""
+    if not calls:
+        message: TemplateMessage = {"role": "assistant", "content": text}
+    else:
+        message = {"role": "assistant", "content": text or None, "tool_calls": [c.as_openai() for c in calls]}
+    if fmt.native:
+        return _native_turn(message)
+    if tools is None and not calls:
+        return message
+    return {"role": "assistant", "content": _generic_answer(message.get("tool_calls"), text)}
 
 
 def _native_turn(message: TemplateMessage) -> TemplateMessage:

@@ -102,5 +102,5 @@ def test_each_turn_reuses_the_whole_conversation_so_far(settings, default_model,
             stored += [system, prompt, answered]
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
             settle(server, turn + 1)
-            stored.append(next_turn_start(tokenizer, messages[:-1], messages[-1]["content"]))
+            stored.append(next_turn_start(tokenizer, messages[:-1], messages[-1]))
     print(f"\ncached tokens per turn: {counts}; turn k's answer ends at {ends} in turn k+1")

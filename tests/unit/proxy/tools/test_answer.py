@@ -7,11 +7,16 @@ from typing import Any
 
 import pytest
 
+from proxy.anthropic.protocol import MessagesRequest
+from proxy.anthropic.tools import content, echoed_arguments
+from proxy.anthropic.turns import template_messages
 from proxy.http.errors import OpenAIError
 from proxy.serving.facts import ModelFacts
 from proxy.tools.answer import plan_answer
+from proxy.tools.prompt import tool_messages
 from proxy.tools.spec import EMPTY_PARAMETERS, Tool, ToolSet
 
+USER = [{"role": "user", "content": "The weather in Lisbon?"}]
 WEATHER = Tool(
     "weather", "The weather in a city.", {"type": "object", "properties": {"city": {"type": "string"}}}
 )
@@ -102,3 +107,41 @@ def test_a_relaxed_one_of_is_said_in_llguidances_words(tokenizer: Any, facts: Mo
     plan = plan_answer(tokenizer, facts.vocab_size, ToolSet((tool,)), None, "", "tools[{i}]")
     assert plan.grammar is not None and len(plan.warnings) == 1
     assert plan.warnings[0].startswith('tools[0] (tool "pick"): "oneOf not fully supported')
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"city": "Lisb\\u00f3n"}', '{"city": "Porto", "city": "Faro"}', '{"city": "a\\/b"}'],
+    ids=["escape", "repeated key", "escaped slash"],
+)
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_an_answer_is_rendered_ahead_as_the_next_history_holds_it(
+    tokenizer: Any, facts: ModelFacts, arguments: str, dialect: str
+) -> None:
+    """The model's text of a call can differ from the call as the client sends it back (an
+    escape, a repeated key): ``history_message`` is the assistant message the next request's
+    history renders (Claude's ``tool_use`` input serialized again; an OpenAI client's arguments
+    as returned, the model's text), so render-ahead stores the tokens the next prompt holds."""
+    tools = ToolSet((WEATHER,))
+    plan = plan_answer(tokenizer, facts.vocab_size, tools, None, "", "tools[{i}]", "toolu_")
+    raw = f'{{"tool_calls": [{{"name": "weather", "arguments": {arguments}}}]}}'
+    _, calls = plan.read(raw)
+    if dialect == "anthropic":
+        said = plan.history_message(raw, echoed_arguments)
+        body = MessagesRequest.model_validate(
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [*USER, {"role": "assistant", "content": content("", calls)}],
+            }
+        )
+        history, _ = template_messages(body)
+    else:
+        said = plan.history_message(raw)
+        history = [
+            *USER,
+            {"role": "assistant", "content": None, "tool_calls": [c.as_openai() for c in calls]},
+        ]
+    rendered, _ = tool_messages(history, tools, plan.format)
+    assert said == rendered[-1]
+    assert (said["content"] != raw) == (dialect == "anthropic")  # NOTE: OpenAI's are returned as written
