@@ -110,6 +110,18 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
+// a * b + c, rounded once where the CPU has a fused multiply-add, else twice: the same either way
+// for every row of a batch. NOTE: never left to the compiler's contraction (-ffp-contract=fast, GCC's
+// default), which fused d * t + m * s on one product or the other as it chose per rows_kernel
+// instance: a batch's first row then differed from the same row alone (seen on AVX2, Zen 3).
+inline float madd(float a, float b, float c) {
+#if defined(FP_FAST_FMAF) || defined(__FP_FAST_FMAF)
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 // sum_j a[j] * b[j], lanes of 16 summed in a fixed order (n a multiple of 16 in the fast path).
 inline float dot(const float* a, const float* b, int n) {
 #if defined(__AVX512F__)
@@ -171,7 +183,7 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
 #else
             for (int s = 0; s < NB; s++) {
                 float a = 0;
-                for (int j = 0; j < W.cols; j++) a += w[j] * x[s * ldx + j];
+                for (int j = 0; j < W.cols; j++) a = madd(w[j], x[s * ldx + j], a);
                 out[s] = a;
             }
 #endif
@@ -232,8 +244,9 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
                 for (int s = 0; s < NB; s++) {
                     const float* xs = x + s * ldx + b * QK;
                     float t = 0;
-                    for (int j = 0; j < QK; j++) t += w[j] * xs[j];
-                    out[s] += d * t + m * xsum[s * nb + b];
+                    for (int j = 0; j < QK; j++) t = madd(w[j], xs[j], t);
+                    out[s] = madd(d, t, out[s]);
+                    if (W.kind == Q4_1) out[s] = madd(m, xsum[s * nb + b], out[s]);  // xsum: Q4_1's only
                 }
             }
 #endif
@@ -627,6 +640,10 @@ int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
 // k_cache[s * n_layers + l] (v_cache likewise) points at layer l's K of sequence s, laid out
 // [n_kv_heads, capacity[s], head_dim]; the new K/V are written at the position, attention reads
 // positions [0, position], or (layer window W > 0) [position - W + 1, position]. logits: [B, vocab]. scratch: kvp_scratch_floats(m, B, max position + 1).
+// Several rows may name one sequence's cache at consecutive positions (a run of its tokens, M steps
+// in one): every row's K/V is stored (rotate_and_store) before any row attends, and a row reads only
+// positions up to its own, so row i sees the rows before it and none after, its arithmetic the
+// single step's.
 // threads: the calling thread and threads - 1 helpers (team.h), which help as they run: the result is
 // the same for any number. unit_bytes: about how much work (bytes of weights or K/V read) each unit
 // shared among them holds (a few microseconds' worth: more units share more evenly, each costs a
