@@ -39,7 +39,8 @@ def test_a_sequence_alone_gets_its_logits_in_the_batch(source_model) -> None:
     (the first row of a batch once differed, on a CPU without AVX-512: ``madd`` in decode.cpp)."""
     batched = native_greedy_logits(source_model, [3], PROMPTS, STEPS, 64)
     for row, prompt in enumerate(PROMPTS):
-        assert torch.equal(native_greedy_logits(source_model, [3], [prompt], STEPS, 64)[:, 0], batched[:, row]), row
+        alone = native_greedy_logits(source_model, [3], [prompt], STEPS, 64)
+        assert torch.equal(alone[:, 0], batched[:, row]), row
 
 
 def test_a_busy_core_changes_no_bit(source_model) -> None:
