@@ -110,18 +110,6 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
-// a * b + c, rounded once where the CPU has a fused multiply-add, else twice: the same either way
-// for every row of a batch. NOTE: never left to the compiler's contraction (-ffp-contract=fast, GCC's
-// default), which fused d * t + m * s on one product or the other as it chose per rows_kernel
-// instance: a batch's first row then differed from the same row alone (seen on AVX2, Zen 3).
-inline float madd(float a, float b, float c) {
-#if defined(FP_FAST_FMAF) || defined(__FP_FAST_FMAF)
-    return std::fma(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
 // sum_j a[j] * b[j], lanes of 16 summed in a fixed order (n a multiple of 16 in the fast path).
 inline float dot(const float* a, const float* b, int n) {
 #if defined(__AVX512F__)
@@ -164,8 +152,17 @@ inline float exp_shifted(float* v, int n, float top) {
 // y[s][r - r0] = W[r] . x[s] (+ bias) for rows [r0, r1) and the NB vectors x[0..NB) (stride ldx),
 // written to y (stride ldy; y points at row r0). xsum[s][b]: the sum of x[s]'s block b (Q4_1's
 // minimum term). Each row's sum runs in one fixed order, whatever rows or vectors come with it.
+// NOTE: no contraction of a product and a sum into one fused multiply-add here (GCC's default,
+// -ffp-contract=fast, fuses where it likes): it fused d * t + m * s on one product or the other as it
+// chose per instance, so without AVX-512 a batch's first row differed from the same row alone (seen
+// on Zen 3). The fused operations wanted are written as such (the _fmadd_ intrinsics).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 template <int NB>
 void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const float* xsum, float* y, int ldy) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
     const int nb = W.cols / QK;
     const int bb = block_bytes(W.kind);
     for (int r = r0; r < r1; r++) {
@@ -183,7 +180,7 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
 #else
             for (int s = 0; s < NB; s++) {
                 float a = 0;
-                for (int j = 0; j < W.cols; j++) a = madd(w[j], x[s * ldx + j], a);
+                for (int j = 0; j < W.cols; j++) a += w[j] * x[s * ldx + j];
                 out[s] = a;
             }
 #endif
@@ -244,9 +241,8 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
                 for (int s = 0; s < NB; s++) {
                     const float* xs = x + s * ldx + b * QK;
                     float t = 0;
-                    for (int j = 0; j < QK; j++) t = madd(w[j], xs[j], t);
-                    out[s] = madd(d, t, out[s]);
-                    if (W.kind == Q4_1) out[s] = madd(m, xsum[s * nb + b], out[s]);  // xsum: Q4_1's only
+                    for (int j = 0; j < QK; j++) t += w[j] * xs[j];
+                    out[s] += d * t + m * xsum[s * nb + b];
                 }
             }
 #endif
@@ -254,6 +250,7 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
         for (int s = 0; s < NB; s++) y[s * ldy + r - r0] = out[s] + (W.bias ? W.bias[r] : 0.0f);
     }
 }
+#pragma GCC pop_options
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
     const float ss = dot(x, x, n);

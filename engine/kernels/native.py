@@ -62,7 +62,8 @@ MAX_RUN_TOKENS = 64
 of this many). NOTE: a step's weights are read once for all its rows, so a run of M tokens costs
 about one single step's memory traffic plus M rows of arithmetic; past a few dozen rows the
 arithmetic dominates and a longer call gains little, while its scratch (the rows' attention
-scores) grows with it."""
+scores) grows with it. Without AVX-512 (Zen 3, SmolLM2, 1,600-token past) a token cost 117 ms
+alone, 50 ms in a run of 4 and 47 ms in a run of 64."""
 
 
 class NativeDecoder:
