@@ -5,7 +5,8 @@ was right. For a sampled hit the runner keeps the first token's logits and, for 
 ``AUDIT_TOKENS`` steps, the token fed and the logits' argmax (``AuditCapture``). Once the model
 thread has had nothing else to do for ``engine.scheduler.IDLE_GRACE_S``, the auditor prefills the
 same prompt with no cache, one ``AUDIT_CHUNK_TOKENS`` chunk per idle step (a request that arrives
-meanwhile waits for that one chunk at most), then feeds the hit's tokens and compares:
+meanwhile waits for that one chunk at most), then feeds the hit's tokens (one idle step, through
+``engine.decoding.feed``: the native step takes them in one call) and compares:
 
 - the first token's logits: the max absolute difference, against the format's tolerance;
 - each step's greedy choice: a different argmax is a mismatch (the answer diverged) unless the
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.decoding import feed
 from engine.forward import prefill_chunks
 from engine.kv import blocks_from_past, past_from_blocks
 from engine.parts import ModelParts
@@ -189,8 +191,8 @@ class Auditor:
             for logits in chunks:
                 cold[:] = [logits]
                 yield
-            for j, token in enumerate(capture.tokens[:-1]):
-                cold.append(self.parts.decoder([token], [past], [n + j])[0])
+            if len(capture.tokens) > 1:
+                cold.extend(feed(self.parts.decoder, capture.tokens[:-1], past, n))
                 yield
         finally:
             self.parts.buffers.release(buffers)

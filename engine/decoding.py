@@ -13,7 +13,8 @@ Three implementations of one contract (``Decoder``):
 
 ``pick_decoder`` takes the first of native, lean that supports the model and, checked on the
 loaded model, computes the same logits as transformers' forward; anything else decodes through
-transformers. Prefill always runs transformers' forward.
+transformers. Prefill runs transformers' forward, but for a short uncached suffix on the native
+step (``engine.runner.STEPPED_SUFFIX_TOKENS``), which takes it as one multi-token step (``feed``).
 """
 
 from __future__ import annotations
@@ -135,6 +136,18 @@ class LeanDecoder:
         if self.softcap:  # NOTE: as transformers' Gemma 2 head: logits / cap, tanh, * cap
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
+
+
+def feed(decoder: Decoder, token_ids: Sequence[int], past: DynamicCache, start: int) -> torch.Tensor:
+    """Feed a known run of one sequence's tokens, ``token_ids[i]`` at position ``start + i`` on
+    ``past`` (positions ``[0, start)``; it grows by the run): the logits ``[len(token_ids), vocab]``
+    float32, row i the distribution after token i. The native step takes the run in one call per
+    ``MAX_RUN_TOKENS`` (``NativeDecoder.run``, bit for bit its single steps); any other decoder one
+    step a token. ``token_ids``: at least one."""
+    assert token_ids, "an empty run"
+    if isinstance(decoder, NativeDecoder):
+        return decoder.run(token_ids, past, start)
+    return torch.cat([decoder([token], [past], [start + i]) for i, token in enumerate(token_ids)])
 
 
 def pick_decoder(loaded: LoadedModel, like: torch.Tensor, threads: int) -> Decoder:

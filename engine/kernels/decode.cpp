@@ -152,8 +152,17 @@ inline float exp_shifted(float* v, int n, float top) {
 // y[s][r - r0] = W[r] . x[s] (+ bias) for rows [r0, r1) and the NB vectors x[0..NB) (stride ldx),
 // written to y (stride ldy; y points at row r0). xsum[s][b]: the sum of x[s]'s block b (Q4_1's
 // minimum term). Each row's sum runs in one fixed order, whatever rows or vectors come with it.
+// NOTE: no contraction of a product and a sum into one fused multiply-add here (GCC's default,
+// -ffp-contract=fast, fuses where it likes): it fused d * t + m * s on one product or the other as it
+// chose per instance, so without AVX-512 a batch's first row differed from the same row alone (seen
+// on Zen 3). The fused operations wanted are written as such (the _fmadd_ intrinsics).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 template <int NB>
 void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const float* xsum, float* y, int ldy) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
     const int nb = W.cols / QK;
     const int bb = block_bytes(W.kind);
     for (int r = r0; r < r1; r++) {
@@ -241,6 +250,7 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
         for (int s = 0; s < NB; s++) y[s * ldy + r - r0] = out[s] + (W.bias ? W.bias[r] : 0.0f);
     }
 }
+#pragma GCC pop_options
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
     const float ss = dot(x, x, n);
@@ -627,6 +637,10 @@ int64_t kvp_scratch_floats(const Model* m, int B, int max_len) {
 // k_cache[s * n_layers + l] (v_cache likewise) points at layer l's K of sequence s, laid out
 // [n_kv_heads, capacity[s], head_dim]; the new K/V are written at the position, attention reads
 // positions [0, position], or (layer window W > 0) [position - W + 1, position]. logits: [B, vocab]. scratch: kvp_scratch_floats(m, B, max position + 1).
+// Several rows may name one sequence's cache at consecutive positions (a run of its tokens, M steps
+// in one): every row's K/V is stored (rotate_and_store) before any row attends, and a row reads only
+// positions up to its own, so row i sees the rows before it and none after, its arithmetic the
+// single step's.
 // threads: the calling thread and threads - 1 helpers (team.h), which help as they run: the result is
 // the same for any number. unit_bytes: about how much work (bytes of weights or K/V read) each unit
 // shared among them holds (a few microseconds' worth: more units share more evenly, each costs a

@@ -31,6 +31,8 @@ def engines(tiny_model, make_cache):
     [
         (300, 350, 300),  # two blocks and the 44-token tail the warm prompt stored, a 50-token suffix
         (256, 257, 256),  # a hit whose suffix is one token
+        (300, 310, 300),  # a 10-token suffix after the tail: one multi-token step (native)
+        (250, 266, 250),  # a 16-token suffix across block 2's start, the same way
         (384, 384, 383),  # fully cached, length a multiple of 128: reuse 127 of block 3
         (128, 128, 127),
         (127, 300, 127),  # the warm prompt had no full block: its tail, at the root
