@@ -15,15 +15,14 @@ from proxy.tools import grammars
 from proxy.tools.limits import MAX_SCHEMA_DEPTH, SchemaBudget, check_tool_count
 from proxy.tools.spec import (
     NAME,
-    NOT_JSON,
     Arguments,
     CallStart,
     Mode,
     Piece,
     Tool,
     ToolSet,
-    json_value,
     make_tool,
+    too_deep,
     tool_set,
 )
 
@@ -83,7 +82,8 @@ def function_tools(definitions: list[Any] | None) -> list[Tool]:
 
 def check_history(messages: list[ChatMessage]) -> None:
     """The history's calls and results are well formed: each call a function with a name and
-    JSON arguments (a string, as OpenAI sends them), each ``tool`` message the answer to a call
+    arguments as text (as OpenAI sends them: JSON, or a call cut short as the client got it; JSON
+    nested past the limit refused), each ``tool`` message the answer to a call
     made before it, or, without a ``tool_call_id``, a result naming its tool (``name``: the
     Responses API's result of no call, ``proxy.responses.history``).
 
@@ -98,10 +98,9 @@ def check_history(messages: list[ChatMessage]) -> None:
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise OpenAIError(400, "a tool call is a function with a name", param=param)
             arguments = function.get("arguments")
-            # NOTE: some clients send a call without arguments as ""
-            if arguments != "" and json_value(arguments) is NOT_JSON:
+            if not isinstance(arguments, str) or too_deep(arguments):
                 reason = (
-                    f"a tool call's arguments are JSON text, nested at most {MAX_SCHEMA_DEPTH} levels deep"
+                    f"a tool call's arguments are text, JSON nested at most {MAX_SCHEMA_DEPTH} levels deep"
                 )
                 raise OpenAIError(400, reason, param=f"{param}.arguments")
             made.add(call.get("id"))

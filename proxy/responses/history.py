@@ -28,7 +28,7 @@ from proxy.responses.replies import Item
 from proxy.responses.tools import flat_name
 from proxy.tools.limits import MAX_SCHEMA_DEPTH
 from proxy.tools.rendering import TemplateMessage
-from proxy.tools.spec import NOT_JSON, OpenAICall, OpenAIFunction, json_value
+from proxy.tools.spec import OpenAICall, OpenAIFunction, too_deep
 
 CALLS = {
     "function_call": "arguments",
@@ -127,7 +127,8 @@ def answered(item: Mapping[str, Any]) -> str | None:
 
 def check_calls(history: list[TemplateMessage], items: Sequence[Item]) -> None:
     """Each result with a call id answers a call made before it (in the stored history or an
-    earlier item), and each ``function_call``'s arguments are JSON.
+    earlier item), and no ``function_call``'s arguments are JSON nested past the limit (text
+    that is not JSON, a call cut short, is kept: ``proxy.tools.spec.too_deep``).
 
     Raises:
         OpenAIError: 400 naming ``input[i]...``.
@@ -137,8 +138,8 @@ def check_calls(history: list[TemplateMessage], items: Sequence[Item]) -> None:
         fields: Mapping[str, Any] = item
         kind = fields["type"]
         if kind == "function_call":
-            if fields["arguments"] != "" and json_value(fields["arguments"]) is NOT_JSON:
-                reason = f"a function_call's arguments are JSON text, at most {MAX_SCHEMA_DEPTH} levels deep"
+            if too_deep(fields["arguments"]):
+                reason = f"a function_call's arguments are text, JSON at most {MAX_SCHEMA_DEPTH} levels deep"
                 raise OpenAIError(400, reason, param=f"input[{i}].arguments")
         if kind in CALLS:
             made.add(fields["call_id"])

@@ -233,6 +233,27 @@ def test_malformed_history_items_name_the_field(cached, item, param) -> None:
     assert err.value.body["param"] == param
 
 
+@pytest.mark.parametrize("arguments", ['{"path": "calc.py", "text": "def ad', "not json at all"])
+def test_a_call_cut_short_in_the_history_is_kept(cached, arguments) -> None:
+    """A ``function_call`` whose arguments are not JSON (an answer cut short at its token limit,
+    which Codex keeps in its history and sends again on ``resume``) is rendered as its text,
+    in the Responses API and in chat completions: the conversation goes on (before: a 400 on
+    every later request, the session dead)."""
+    call = {"type": "function_call", "call_id": "c1", "name": "write_file", "arguments": arguments}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "cut short"}
+    items = [HISTORY[0], call, output, HISTORY[-1]]
+    answer = client(cached.server).responses.create(**GREEDY, max_output_tokens=2, input=items, store=False)
+    assert answer.status == "incomplete" and answer.usage.input_tokens > 0
+    chat_call = {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": "start the task"},
+        {"role": "assistant", "content": None, "tool_calls": [chat_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "cut short"},
+    ]
+    chat = client(cached.server).chat.completions.create(**GREEDY, max_tokens=2, messages=messages)
+    assert chat.usage.prompt_tokens > 0
+
+
 LONG_CALL = {
     "type": "function",
     "name": "write_file",
