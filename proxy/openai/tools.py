@@ -12,7 +12,7 @@ from proxy.http.errors import OpenAIError
 from proxy.openai.protocol import ChatCompletionRequest, ChatMessage
 from proxy.openai.replies import CallDelta, ChunkDelta
 from proxy.tools import grammars
-from proxy.tools.limits import MAX_SCHEMA_DEPTH, SchemaBudget, check_tool_count
+from proxy.tools.limits import SchemaBudget, check_tool_count
 from proxy.tools.spec import (
     NAME,
     Arguments,
@@ -22,7 +22,6 @@ from proxy.tools.spec import (
     Tool,
     ToolSet,
     make_tool,
-    too_deep,
     tool_set,
 )
 
@@ -82,14 +81,10 @@ def function_tools(definitions: list[Any] | None) -> list[Tool]:
 
 def check_history(messages: list[ChatMessage]) -> None:
     """The history's calls and results are well formed: each call a function with a name and
-    arguments as text (as OpenAI sends them: JSON, or a call cut short as the client got it; JSON
-    nested past the limit refused), each ``tool`` message the answer to a call
-    made before it, or, without a ``tool_call_id``, a result naming its tool (``name``: the
-    Responses API's result of no call, ``proxy.responses.history``).
-
-    Raises:
-        OpenAIError: 400 naming the message's field.
-    """
+    arguments as a string (as OpenAI sends them: JSON, or a call cut short as the client got it,
+    rendered as its text, as is JSON nested past ``MAX_SCHEMA_DEPTH``); each ``tool`` message
+    the answer to a call made before it, or, without a ``tool_call_id``, a result naming its
+    tool (``name``: the Responses API's result of no call, ``proxy.responses.history``)."""
     made: set[Any] = set()
     for i, message in enumerate(messages):
         for j, call in enumerate(message.tool_calls or []):
@@ -98,10 +93,8 @@ def check_history(messages: list[ChatMessage]) -> None:
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise OpenAIError(400, "a tool call is a function with a name", param=param)
             arguments = function.get("arguments")
-            if not isinstance(arguments, str) or too_deep(arguments):
-                reason = (
-                    f"a tool call's arguments are text, JSON nested at most {MAX_SCHEMA_DEPTH} levels deep"
-                )
+            if not isinstance(arguments, str):
+                reason = "a tool call's arguments are a string (JSON text)"
                 raise OpenAIError(400, reason, param=f"{param}.arguments")
             made.add(call.get("id"))
         by_name = message.tool_call_id is None and bool(message.name)

@@ -26,9 +26,8 @@ from typing import Any
 from proxy.http.errors import OpenAIError
 from proxy.responses.replies import Item
 from proxy.responses.tools import flat_name
-from proxy.tools.limits import MAX_SCHEMA_DEPTH
 from proxy.tools.rendering import TemplateMessage
-from proxy.tools.spec import OpenAICall, OpenAIFunction, too_deep
+from proxy.tools.spec import OpenAICall, OpenAIFunction
 
 CALLS = {
     "function_call": "arguments",
@@ -127,8 +126,8 @@ def answered(item: Mapping[str, Any]) -> str | None:
 
 def check_calls(history: list[TemplateMessage], items: Sequence[Item]) -> None:
     """Each result with a call id answers a call made before it (in the stored history or an
-    earlier item), and no ``function_call``'s arguments are JSON nested past the limit (text
-    that is not JSON, a call cut short, is kept: ``proxy.tools.spec.too_deep``).
+    earlier item). A ``function_call``'s arguments are any text: JSON, or a call cut short as
+    the client got it, rendered as its text (as is JSON nested past the depth limit).
 
     Raises:
         OpenAIError: 400 naming ``input[i]...``.
@@ -137,10 +136,6 @@ def check_calls(history: list[TemplateMessage], items: Sequence[Item]) -> None:
     for i, item in enumerate(items):
         fields: Mapping[str, Any] = item
         kind = fields["type"]
-        if kind == "function_call":
-            if too_deep(fields["arguments"]):
-                reason = f"a function_call's arguments are text, JSON at most {MAX_SCHEMA_DEPTH} levels deep"
-                raise OpenAIError(400, reason, param=f"input[{i}].arguments")
         if kind in CALLS:
             made.add(fields["call_id"])
         elif kind in OUTPUTS and (answers := answered(fields)) is not None and answers not in made:

@@ -86,7 +86,8 @@ class Generic(ToolFormat):
     def parse(self, text: str, tools: ToolSet) -> Parsed:
         try:
             answer = json.loads(text)
-        except json.JSONDecodeError:  # cut short (max_tokens): what it says so far, as streamed
+        except (json.JSONDecodeError, RecursionError):  # NOTE: cut short (max_tokens), or nested past
+            # Python's parser (a model can write a thousand brackets): what it says so far, as streamed
             return self.partial(text)
         if isinstance(answer, dict) and set(answer) == {"response"} and isinstance(answer["response"], str):
             return Parsed(answer["response"])
@@ -182,7 +183,7 @@ def _named_call(body: str, key: str) -> tuple[str, str, bool] | None:
     """``(name, arguments JSON, True)`` of one ``{"name": ..., "<key>": {...}}`` text."""
     try:
         call = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None

@@ -60,20 +60,6 @@ def json_value(text: Any) -> Any:
     return value if nested_within(value) else NOT_JSON
 
 
-def too_deep(text: str) -> bool:
-    """Whether ``text`` is JSON nested deeper than ``proxy.tools.limits.MAX_SCHEMA_DEPTH`` (or
-    past Python's parser): a history's call arguments that are refused. Text that is not JSON
-    is not: a call cut short (``max_tokens``) comes back as the client got it, and is rendered
-    as that text (``proxy.tools.prompt``), or the conversation could never go on."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        return True
-    except json.JSONDecodeError:
-        return False
-    return not nested_within(value)
-
-
 class OpenAIToolFunction(TypedDict):
     name: str
     description: str
