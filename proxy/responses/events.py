@@ -122,8 +122,8 @@ class ResponseEvents:
                 )
             )
             out.append(self._part_event("response.content_part.done", text))
-        else:
-            item["status"] = "completed"
+        else:  # NOTE: only the last call can be cut short (its arguments then not JSON)
+            item["status"] = "completed" if complete else "incomplete"
             out.append(
                 self.event(
                     "response.function_call_arguments.done", **self._where(), arguments=item["arguments"]

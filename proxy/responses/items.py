@@ -141,11 +141,14 @@ def _text(content: object, param: str) -> str:
 
 def output_items(text: str, calls: list[ToolCall], complete: bool, plan: ToolPlan) -> list[OutputItem]:
     """An answer's output: a message with its text (when it has text, or no calls), then one
-    ``function_call`` item per call (a namespaced function's with its ``namespace``)."""
+    ``function_call`` item per call (a namespaced function's with its ``namespace``); the last
+    item of an answer cut short (not ``complete``) is ``incomplete``."""
     items: list[OutputItem] = [message_item(call_id("msg_"), text, complete)] if text or not calls else []
     for call in calls:
         name, namespace = plan.call_name(call.name)
         items.append(call_item(call_id("fc_"), call.id, name, call.arguments, namespace=namespace))
+    if not complete and items[-1]["type"] == "function_call":
+        items[-1]["status"] = "incomplete"
     return items
 
 

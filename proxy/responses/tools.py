@@ -150,7 +150,7 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
         return choice
     kind, namespace = choice.get("type"), choice.get("namespace")
     if isinstance(kind, str) and kind not in ("function", "allowed_tools"):
-        reason = f"tool_choice names a `{kind:.64}` tool, which this server cannot run (left out)"
+        reason = f"tool_choice names a tool of type `{kind:.64}`, which this server cannot run (left out)"
         raise OpenAIError(400, reason, param="tool_choice")
     if kind == "function" and isinstance(choice.get("name"), str) and isinstance(namespace, str | None):
         return {"type": "function", "function": {"name": flat_name(choice["name"], namespace)}}

@@ -167,8 +167,8 @@ def test_hosted_tools_are_left_out_with_a_warning(cached) -> None:
 @pytest.mark.parametrize(
     ("tools", "choice", "said"),
     [
-        (HOSTED, {"type": "web_search"}, "a `web_search` tool, which this server cannot run"),
-        ([*HOSTED[:1], SPAWN], {"type": "custom", "name": "apply_patch"}, "a `custom` tool"),
+        (HOSTED, {"type": "web_search"}, "a tool of type `web_search`, which this server cannot run"),
+        ([*HOSTED[:1], SPAWN], {"type": "custom", "name": "apply_patch"}, "a tool of type `custom`"),
         (HOSTED, "required", "tools left out, this server cannot run them: web_search"),
     ],
 )
@@ -265,6 +265,19 @@ LONG_CALL = {
         "required": ["text"],
     },
 }
+
+
+def test_a_call_cut_short_is_an_incomplete_item(cached) -> None:
+    """An answer cut short inside a call (``max_output_tokens``): the response and its last
+    ``function_call`` item are ``incomplete``, streamed and not (the item's arguments are not
+    JSON; before: the item said ``completed``)."""
+    api = client(cached.server)
+    kwargs = {**GREEDY, "max_output_tokens": 8, "input": "write", "store": False}
+    whole = api.responses.create(**kwargs, tools=[LONG_CALL], tool_choice="required")
+    assert whole.status == "incomplete" and [i.status for i in whole.output] == ["incomplete"]
+    events = list(api.responses.create(**kwargs, tools=[LONG_CALL], tool_choice="required", stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert [i.status for i in events[-1].response.output] == ["incomplete"]
 
 
 def test_context_window_end_is_context_length_exceeded(settings, tiny_model, serve) -> None:
