@@ -252,8 +252,9 @@ class Settings(ServerSettings):
     default_max_tokens: int = Field(
         2048,
         ge=1,
-        description="Longest chat completion when a request sets no max_tokens (tokens; legacy completions "
-        "get 16, as OpenAI's).",
+        description="Longest answer when a request sets no token limit (tokens; legacy completions get 16, "
+        "as OpenAI's; a Responses request without max_output_tokens may fill the context, as the hosted "
+        "API's).",
     )
     max_queue: int = Field(64, ge=1, description="Requests that may wait for the engine.")
     max_batch: int = Field(

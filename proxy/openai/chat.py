@@ -47,6 +47,7 @@ async def start_chat(
     tenant: str,
     params: Params = CHAT_PARAMS,
     prompt_of: Callable[[list[int]], list[int]] | None = None,
+    to_window: bool = False,
 ) -> Begun:
     """Check, translate and start a chat request: the one path of ``/v1/chat/completions`` and of
     ``/v1/responses`` (``proxy.responses``), so both compute the same prompt for one conversation.
@@ -54,6 +55,7 @@ async def start_chat(
     Args:
         params: the fields errors are named under.
         prompt_of: the prompt to compute for the chat's rendered ids (default: those ids).
+        to_window: without a token limit, the answer may fill the context (``Turn.to_window``).
 
     Raises:
         OpenAIError: 400/404 naming the field the request cannot be served for; 503 when busy.
@@ -61,7 +63,7 @@ async def start_chat(
     tokenizer, facts = served_model(engine)
     check_body(facts, body)
     answer = await run_in_threadpool(chat_answer, body)  # NOTE: walks the tools' schemas
-    turn = chat_turn(body, settings, tenant, answer, params, prompt_of)
+    turn = chat_turn(body, settings, tenant, answer, params, prompt_of, to_window)
     return await start_turn(turn, request, engine, tokenizer, facts, settings)
 
 

@@ -74,9 +74,11 @@ def chat_turn(
     answer: tuple[ToolSet | None, dict[str, Any] | None],
     params: Params = CHAT_PARAMS,
     prompt_of: Callable[[list[int]], list[int]] | None = None,
+    to_window: bool = False,
 ) -> Turn:
     """A chat completion as a turn, with its tools and answer schema (``chat_answer``; a
-    ``json_schema`` without ``strict: true`` is not strict: ``Turn.schema_strict``); known client
+    ``json_schema`` without ``strict: true`` is not strict: ``Turn.schema_strict``; ``prompt_of``
+    and ``to_window`` as ``Turn`` has them); known client
     metadata at the start of a system message left out unless ``--keep-client-metadata``
     (``proxy.serving.metadata``: such as an Anthropic client's header a gateway passed on)."""
     tools, schema = answer
@@ -95,6 +97,7 @@ def chat_turn(
         schema_strict=not isinstance(spec, dict) or bool(spec.get("strict")),
         sampling=sampling(body),
         max_tokens=body.max_completion_tokens or body.max_tokens,
+        to_window=to_window,
         stop=body.stop_strings(),
         ttl=cache_ttl(settings, body.prompt_cache_retention),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,

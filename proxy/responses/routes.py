@@ -126,7 +126,7 @@ async def start_response(
     try:
         chat = body.chat_request(messages, tools)
         prompt_of = after.prompt if after is not None else None
-        turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, prompt_of)
+        turn = await start_chat(chat, request, engine, settings, tenant, PARAMS, prompt_of, True)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = tools.param(responses_param(".".join(str(p) for p in first.get("loc", ())) or None))

@@ -170,7 +170,8 @@ def generation_request(
     Raises:
         OpenAIError: see ``completion_budget``; a ``logit_bias`` key outside the vocabulary (400).
     """
-    budget = completion_budget(facts, settings, len(prompt_ids), turn.max_tokens, turn.params.prompt)
+    n, prompt = len(prompt_ids), turn.params.prompt
+    budget = completion_budget(facts, settings, n, turn.max_tokens, prompt, turn.to_window)
     try:
         sampling = sampling_params(turn.sampling, facts.vocab_size)
     except ValueError as exc:

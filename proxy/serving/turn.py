@@ -96,7 +96,11 @@ class Turn:
             else the keywords the grammar cannot enforce are left out of it, with a warning
             (``proxy.tools.grammars.options``).
         sampling: the sampling fields.
-        max_tokens: most tokens to generate (None: up to the context).
+        max_tokens: most tokens to generate (None: up to the context, bounded by
+            ``--default-max-tokens`` unless ``to_window``).
+        to_window: a turn without ``max_tokens`` may fill the context, whatever
+            ``--default-max-tokens`` says (the Responses API: the hosted API ends such an answer
+            only at the model's limits, and Codex fails a turn that ends ``incomplete``).
         stop: strings that end the answer.
         ttl: the blocks' TTL plan (before ``marks``; None: the server's ``--ttl``).
         marks: cache breakpoints (their TTL plan replaces ``ttl`` when there are any).
@@ -127,6 +131,7 @@ class Turn:
     schema_strict: bool = True
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
+    to_window: bool = False
     stop: tuple[str, ...] = ()
     ttl: TtlPlan = None
     marks: tuple[CacheMark, ...] = ()

@@ -112,9 +112,10 @@ def completion_budget(
     n: int,
     max_tokens: int | None,
     prompt_param: str = "prompt",
+    to_window: bool = False,
 ) -> int:
-    """Tokens the completion may have: ``max_tokens``, or up to the context bounded by
-    ``--default-max-tokens`` when absent (OpenAI's "up to the context").
+    """Tokens the completion may have: ``max_tokens``, or up to the context when absent (OpenAI's
+    "up to the context"), bounded by ``--default-max-tokens`` unless ``to_window``.
 
     Raises:
         OpenAIError: the prompt is empty (400).
@@ -127,7 +128,7 @@ def completion_budget(
     if n >= context:
         raise ContextExceeded(n, max_tokens, context, prompt_param)
     if max_tokens is None:
-        return min(context - n, settings.default_max_tokens)
+        return context - n if to_window else min(context - n, settings.default_max_tokens)
     if n + max_tokens > context:
         raise ContextExceeded(n, max_tokens, context, "max_tokens")
     return max_tokens

@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from tests.api import Api
+from tests.helpers import wait_for
 
 GREEDY = {"model": "tiny", "temperature": 0}
 SPAWN = {
@@ -280,15 +281,37 @@ def test_a_call_cut_short_is_an_incomplete_item(cached) -> None:
     assert [i.status for i in events[-1].response.output] == ["incomplete"]
 
 
+def test_a_long_call_cut_short_is_reused_whole_on_the_next_turn(cached) -> None:
+    """A call cut short after hundreds of tokens, sent back as Codex keeps it (its arguments, not
+    JSON, rendered as a string: not the tokens the model wrote): render-ahead computes that
+    rendering in idle steps, a chunk each, so the next turn computes only its new message (before:
+    a start more than 256 tokens from the cache was skipped, and the whole call was recomputed)."""
+    api = client(cached.server)
+    kwargs = {**GREEDY, "tools": [LONG_CALL], "store": False}
+    first = api.responses.create(**kwargs, max_output_tokens=400, input="write", tool_choice="required")
+    assert first.status == "incomplete" and first.output[-1].type == "function_call"
+    engine = cached.engine
+    wait_for(lambda: engine.ahead.settled and engine.idle, what="render-ahead to settle")
+    assert engine.ahead.computed > 0
+    Api(cached.server).flush()
+    call = first.output[-1].model_dump(exclude_none=True)
+    history = [{"role": "user", "content": "write"}, call, {"role": "user", "content": "go on"}]
+    second = api.responses.create(**kwargs, max_output_tokens=2, input=history)
+    new_turn = second.usage.input_tokens - second.usage.input_tokens_details.cached_tokens
+    assert second.usage.input_tokens > first.usage.input_tokens + 400 and new_turn < 32, second.usage
+
+
 def test_context_window_end_is_context_length_exceeded(settings, tiny_model, serve) -> None:
     """An answer the context window ends, with no ``max_output_tokens`` set, is reported as the
     hosted API reports a conversation past the window: streamed, an ``error`` event and
     ``response.failed`` with ``error.code`` ``context_length_exceeded`` (what Codex compacts on;
     the call cut short never reported done);
-    not streamed, a 400 with that code. With ``max_output_tokens`` set it stays ``incomplete``."""
+    not streamed, a 400 with that code. The server's ``--default-max-tokens`` does not end it (the
+    hosted API has no such cap; an ``incomplete`` answer fails Codex's turn). With
+    ``max_output_tokens`` set it stays ``incomplete``."""
     model = dataclasses.replace(tiny_model, context_length=640)
     kwargs = {**GREEDY, "input": "write it", "tools": [LONG_CALL], "tool_choice": "required"}
-    with serve(settings, model) as server:
+    with serve(settings.model_copy(update={"default_max_tokens": 16}), model) as server:
         api = client(server)
         stream = httpx.post(f"{server.base_url}/v1/responses", json={**kwargs, "stream": True}, timeout=600)
         events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: ")]

@@ -99,11 +99,14 @@ def test_sampling_defaults_are_openais() -> None:
 
 
 def test_the_budget_is_what_the_context_leaves(facts: ModelFacts) -> None:
-    """Without ``max_tokens`` a completion may fill the context, up to ``--default-max-tokens``;
-    a prompt that fills the context is refused, naming the prompt's field."""
+    """Without ``max_tokens`` a completion may fill the context, up to ``--default-max-tokens``
+    unless the turn may fill the window (a Responses request); a prompt that fills the context is
+    refused, naming the prompt's field."""
     settings = Settings(default_max_tokens=100)
     assert completion_budget(facts, settings, 500, None, "messages") == 12
     assert completion_budget(facts, settings, 10, None, "messages") == 100
+    assert completion_budget(facts, settings, 10, None, "input", to_window=True) == 502
+    assert completion_budget(facts, settings, 10, 7, "input", to_window=True) == 7
     with pytest.raises(OpenAIError) as refused:
         completion_budget(facts, settings, 512, None, "contents")
     assert (refused.value.status, refused.value.param) == (400, "contents")
