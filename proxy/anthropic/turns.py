@@ -104,24 +104,45 @@ def messages_turn(body: MessagesRequest, tenant: str, keep_metadata: bool = Fals
 
 def without_metadata(body: MessagesRequest) -> tuple[MessagesRequest, tuple[LeftOut, ...]]:
     """The body with the client metadata at the start of each ``system`` block (or of a
-    ``system`` string) left out (``proxy.serving.metadata``), and what was left out. A block
-    keeps its ``cache_control`` mark (its text may become empty); a system prompt that held
-    nothing else, and no mark, is left out whole, as if the body had none."""
-    if body.system is None:
-        return body, ()
-    if isinstance(body.system, str):
-        text, left = leave_out(body.system, "system")
-        return body.model_copy(update={"system": text or None}) if left else body, tuple(left)
+    ``system`` string), and of each ``system`` message inside ``messages``, left out
+    (``proxy.serving.metadata``), and what was left out. A block keeps its ``cache_control`` mark
+    (its text may become empty); a system prompt or message that held nothing else, and no mark,
+    is left out whole, as if the body had none."""
+    update: dict[str, object] = {}
+    left_out: list[LeftOut] = []
+    if body.system is not None:
+        system, left = _system_without_metadata(body.system, "system")
+        if left:
+            update["system"], left_out = system, left
+    messages: list[Message] = []
+    for i, message in enumerate(body.messages):
+        if message.role != "system":
+            messages.append(message)
+            continue
+        content, left = _system_without_metadata(message.content, f"messages[{i}].content")
+        if left:
+            update["messages"], left_out = messages, left_out + left
+        if content is not None:
+            messages.append(message.model_copy(update={"content": content}) if left else message)
+    return (body.model_copy(update=update), tuple(left_out)) if left_out else (body, ())
+
+
+def _system_without_metadata(
+    system: str | list[ContentBlock], param: str
+) -> tuple[str | list[ContentBlock] | None, list[LeftOut]]:
+    """A system text (a string, or blocks named ``param[i]``) without its client metadata, None
+    when nothing is left of it (no text, no mark), and what was left out."""
+    if isinstance(system, str):
+        text, left = leave_out(system, param)
+        return text or None, left
     blocks, left_out = [], []
-    for i, block in enumerate(body.system):
-        text, left = leave_out(block.text or "", f"system[{i}]") if block.type == "text" else ("", [])
+    for i, block in enumerate(system):
+        text, left = leave_out(block.text or "", f"{param}[{i}]") if block.type == "text" else ("", [])
         blocks.append(block.model_copy(update={"text": text}) if left else block)
         left_out += left
-    if not left_out:
-        return body, ()
-    if not any(b.text or b.cache_control or b.type != "text" for b in blocks):
-        return body.model_copy(update={"system": None}), tuple(left_out)
-    return body.model_copy(update={"system": blocks}), tuple(left_out)
+    if left_out and not any(b.text or b.cache_control or b.type != "text" for b in blocks):
+        return None, left_out
+    return blocks, left_out
 
 
 def system_role_refused(body: MessagesRequest, error: OpenAIError) -> OpenAIError | None:

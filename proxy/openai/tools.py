@@ -29,14 +29,19 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def chat_tools(body: ChatCompletionRequest) -> ToolSet | None:
-    """The request's tools and tool choice (None without tools).
+    """The request's tools and tool choice (None without tools): ``auto``, ``none``,
+    ``required``, a named function, or ``allowed_tools`` (``auto`` or ``required`` among the
+    functions it lists; every tool is still in the prompt).
 
     Raises:
         OpenAIError: 400 naming the field: a tool that is not a function, a bad definition, a
-            tool choice that is not ``auto``/``none``/``required`` or a named function.
+            tool choice of another shape, an allowed tool not in ``tools``.
     """
     tools = function_tools(body.tools)
     choice, name = body.tool_choice or "auto", None
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        mode, allowed = allowed_tools(choice.get("allowed_tools"))
+        return tool_set(tools, mode, None, body.parallel_tool_calls, "tool_choice", allowed=allowed)
     if isinstance(choice, dict):
         function = choice.get("function")
         if choice.get("type") != "function" or not isinstance(function, dict):
@@ -51,6 +56,26 @@ def chat_tools(body: ChatCompletionRequest) -> ToolSet | None:
     if not tools and choice in ("auto", "none"):
         return None
     return tool_set(tools, cast(Mode, choice), name, body.parallel_tool_calls, "tool_choice")
+
+
+def allowed_tools(spec: Any) -> tuple[Mode, list[str]]:
+    """Chat's ``tool_choice.allowed_tools`` (``{mode: auto | required, tools: [{type: function,
+    function: {name}}]}``, the OpenAI API reference) as a mode and the functions' names.
+
+    Raises:
+        OpenAIError: 400 naming ``tool_choice`` for another shape.
+    """
+    tools = spec.get("tools") if isinstance(spec, dict) else None
+    mode = spec.get("mode") if isinstance(spec, dict) else None
+    names = [
+        t["function"].get("name")
+        for t in tools or ()
+        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+    ]
+    if mode not in ("auto", "required") or not isinstance(tools, list) or len(names) != len(tools):
+        reason = "allowed_tools is {mode: auto | required, tools: [{type: function, function: {name}}]}"
+        raise OpenAIError(400, reason, param="tool_choice")
+    return cast(Mode, mode), [str(n) for n in names]
 
 
 def function_tools(definitions: list[Any] | None) -> list[Tool]:

@@ -139,16 +139,28 @@ def echoed_tool(tool: object) -> object:
 
 
 def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
-    """``auto``, ``none``, ``required`` or ``{type: function, name[, namespace]}`` as chat's tool
-    choice (a namespaced function by its flat name).
+    """``auto``, ``none``, ``required``, ``{type: function, name[, namespace]}`` or
+    ``{type: allowed_tools, mode, tools}`` as chat's tool choice (a namespaced function by its
+    flat name; the hosted tools an ``allowed_tools`` lists are left out, as ``tool_plan`` leaves
+    them out of the prompt).
 
     Raises:
         OpenAIError: 400 for another kind of choice: a hosted tool's (it is left out, see
-            ``tool_plan``), ``allowed_tools``.
+            ``tool_plan``).
     """
     if isinstance(choice, str):
         return choice
     kind, namespace = choice.get("type"), choice.get("namespace")
+    if kind == "allowed_tools" and isinstance(listed := choice.get("tools"), list):
+        functions = [
+            {"type": "function", "function": {"name": flat_name(t["name"], t.get("namespace"))}}
+            for t in listed
+            if isinstance(t, dict)
+            and t.get("type") == "function"
+            and isinstance(t.get("name"), str)
+            and isinstance(t.get("namespace"), str | None)
+        ]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": functions}}
     if isinstance(kind, str) and kind not in ("function", "allowed_tools"):
         reason = f"tool_choice names a tool of type `{kind:.64}`, which this server cannot run (left out)"
         raise OpenAIError(400, reason, param="tool_choice")

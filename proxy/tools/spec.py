@@ -160,19 +160,24 @@ class ToolSet:
         name: the tool ``named`` requires.
         parallel: whether one answer may hold several calls; None when the request does not say
             (the format decides: ``proxy.tools.formats``).
+        allowed: the names of the tools the answer may call (OpenAI's ``allowed_tools`` choice);
+            None: all. Every tool is still written into the prompt, so a conversation that
+            narrows its tools turn by turn keeps its cached prefix.
     """
 
     tools: tuple[Tool, ...]
     mode: Mode = "auto"
     name: str | None = None
     parallel: bool | None = None
+    allowed: frozenset[str] | None = None
 
     @property
     def callable(self) -> tuple[Tool, ...]:
         """The tools the answer may call."""
         if self.mode == "none":
             return ()
-        return tuple(t for t in self.tools if self.mode != "named" or t.name == self.name)
+        named = [t for t in self.tools if self.mode != "named" or t.name == self.name]
+        return tuple(t for t in named if self.allowed is None or t.name in self.allowed)
 
 
 def make_tool(
@@ -216,10 +221,12 @@ def tool_set(
     parallel: bool | None,
     param: str,
     left_out: Sequence[str] = (),
+    allowed: Sequence[str] | None = None,
 ) -> ToolSet:
     """Check names are distinct and a named choice names one of them. ``left_out``: the names
     of the request's tools the dialect left out of the prompt (tools this server cannot run),
-    said in the refusal of a choice that needs one of them.
+    said in the refusal of a choice that needs one of them. ``allowed``: the tools an
+    ``allowed_tools`` choice lets the answer call (each must be in ``tools``; None: all).
 
     Raises:
         OpenAIError: 400 naming ``param`` (the tool choice) or the repeated tool.
@@ -237,4 +244,12 @@ def tool_set(
         raise OpenAIError(400, f"a tool choice that calls a tool needs `tools`{but}", param=param)
     if mode == "named" and name not in names:
         raise OpenAIError(400, f"tool choice names `{name}`, which is not in `tools`", param=param)
+    if allowed is not None:
+        if (unknown := next((n for n in allowed if n not in names), None)) is not None:
+            raise OpenAIError(
+                400, f"allowed tools name `{unknown!s:.64}`, which is not in `tools`", param=param
+            )
+        if mode == "required" and not allowed:
+            raise OpenAIError(400, "a tool choice that calls a tool needs an allowed tool", param=param)
+        return ToolSet(tuple(tools), mode, name, parallel, frozenset(allowed))
     return ToolSet(tuple(tools), mode, name, parallel)

@@ -69,6 +69,37 @@ def test_a_new_session_reuses_all_but_the_last_token(cached) -> None:
     assert second["kvproxy_cache_explanation"]["left_out"] == [{"rule": RULE, "param": "system[0]"}]
 
 
+def test_a_billing_block_in_a_system_message_is_left_out(cached) -> None:
+    """The block sent in a ``system`` message inside ``messages`` (as a gateway or SDK may place
+    it) is left out too: a message that held only it is no part of the prompt, and one with text
+    after it keeps that text; the explanation names where each was."""
+    request = body()
+    only, before = {"role": "system", "content": billing("a1b", "1c8b4")}, request["messages"]
+    joined = {
+        "role": "system",
+        "content": [{"type": "text", "text": billing("f51", "defa0") + "\nBe brief."}],
+    }
+    with_them = {**request, "messages": [only, *before, joined]}
+    without = {**request, "messages": [*before, {"role": "system", "content": "Be brief."}]}
+    sdk = anthropic.Anthropic(base_url=cached.server.base_url, api_key="unused", max_retries=0)
+    counts = [
+        sdk.messages.count_tokens(**{k: v for k, v in r.items() if k not in ("max_tokens", "temperature")})
+        for r in (with_them, without)
+    ]
+    assert counts[0].input_tokens == counts[1].input_tokens
+    explained = httpx.post(
+        f"{cached.server.base_url}/v1/messages",
+        json=with_them,
+        headers={"x-kvproxy-explain": "1"},
+        timeout=120,
+    ).json()["kvproxy_cache_explanation"]["left_out"]
+    assert explained == [
+        {"rule": RULE, "param": "system[0]"},
+        {"rule": RULE, "param": "messages[0].content"},
+        {"rule": RULE, "param": "messages[2].content[0]"},
+    ]
+
+
 def test_keep_client_metadata_renders_the_block(settings, tiny_model, serve) -> None:
     """With ``--keep-client-metadata`` the billing block is prompt: a new session's first block
     differs, so nothing is reused, and the explanation names nothing left out."""

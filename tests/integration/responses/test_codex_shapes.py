@@ -114,6 +114,28 @@ def test_namespace_functions_are_called_in_their_namespace(cached) -> None:
     assert events[-1].response.output[-1].namespace == "multi_agent"
 
 
+def test_allowed_tools_call_only_the_functions_listed(cached) -> None:
+    """``tool_choice: {type: allowed_tools}``: the answer calls only a listed function (a
+    namespaced one by its name and namespace; hosted tools listed are left out with the tools), and
+    the prompt holds every tool, so it stays the prompt of every other choice."""
+    api = client(cached.server)
+    echo = {**SPAWN, "name": "echo"}
+    listed = [{"type": "function", "name": "spawn_agent", "namespace": "multi_agent"}, {"type": "web_search"}]
+    choice = {"type": "allowed_tools", "mode": "required", "tools": listed}
+    tools = [echo, AGENTS, *HOSTED[:1]]
+    for words in ("start", "begin the task", "go"):
+        reply = api.responses.create(
+            **GREEDY, max_output_tokens=200, input=words, tools=tools, tool_choice=choice
+        )
+        calls = [i for i in reply.output if i.type == "function_call"]
+        assert calls and {(c.name, c.namespace) for c in calls} == {("spawn_agent", "multi_agent")}
+    every = api.responses.create(**GREEDY, max_output_tokens=1, input="go", tools=tools)
+    assert reply.usage.input_tokens == every.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        api.responses.create(**GREEDY, input="start", tools=tools, tool_choice=choice | {"tools": listed[1:]})
+    assert err.value.body["param"] == "tool_choice"
+
+
 def test_namespaced_call_in_history_reads_as_generated(cached) -> None:
     """A ``function_call`` item sent back with its ``namespace`` renders as the model saw the
     function (its flat name): the same prompt as the conversation continued by id."""

@@ -92,6 +92,31 @@ def test_required_and_named_calls_always_parse(client, choice) -> None:
                 _valid_weather(call.function.arguments)
 
 
+def allowed(mode: str, *names: str) -> dict:
+    functions = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": functions}}
+
+
+def test_allowed_tools_narrow_the_calls_not_the_prompt(client) -> None:
+    """``allowed_tools``: every call (any seed) is of a listed tool, while every tool stays in the
+    prompt (the same prompt tokens as with all tools callable: the prefix stays cached)."""
+    for seed in range(4):
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=USER,
+            tools=[WEATHER, TIME],
+            tool_choice=allowed("required", "get_time"),
+            seed=seed,
+            max_tokens=200,
+        )
+        calls = reply.choices[0].message.tool_calls
+        assert calls and {c.function.name for c in calls} == {"get_time"}, reply
+    every = client.chat.completions.create(
+        model="tiny", messages=USER, tools=[WEATHER, TIME], tool_choice="required", max_tokens=1
+    )
+    assert reply.usage.prompt_tokens == every.usage.prompt_tokens
+
+
 def test_streamed_calls_equal_the_whole_answer(client) -> None:
     """Streamed deltas of ``tool_calls[i].function.arguments`` add up to the non-streamed call."""
     kwargs = REQUIRED | {"max_tokens": 200}
@@ -208,6 +233,10 @@ def test_tool_history_and_key_order_render_alike(cached) -> None:
             "tool_choice",
         ),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": allowed("required", "get_time")}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": allowed("required")}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": allowed("sometimes", "get_weather")}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}}, "tool_choice"),
         (
             {
                 "tools": [
