@@ -4,6 +4,7 @@ ports, a private Redis. Fixtures built from these live in ``tests/conftest.py``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import socket
@@ -39,6 +40,7 @@ from transformers import (
 
 from engine.buffers import BufferPool
 from engine.forward import prefill
+from engine.kernels.build import load as load_kernels
 from engine.kernels.native import NativeDecoder
 from engine.kv import past_from_blocks
 from engine.prefix_stage import load_prefix
@@ -297,6 +299,27 @@ def prefill_prompt(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tenso
     prefix = load_prefix(engine.cache, engine.loaded.namespace("default"), prompt, buffers)
     logits = prefill(engine.loaded.model, prompt[prefix.cached_tokens :], prefix.past, prefix.cached_tokens)
     return logits, prefix.cached_tokens, prefix.past.get_seq_length()
+
+
+def _cpu_has(*features: str) -> bool:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next(line for line in lines if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return all(f in flags for f in features)
+
+
+KERNEL_PATHS = ["native", *(["avx2"] if _cpu_has("avx512f", "avx2", "fma") else [])]
+"""The native step's code paths this machine can test: its own (``-march=native``), and on an
+AVX-512 CPU the AVX2 path too (built with ``-mno-avx512f``: the path of CPUs without AVX-512)."""
+
+
+def on_kernel_path(loaded, path: str, cache_dir: Path):
+    """``loaded`` with the native step of ``path`` (``KERNEL_PATHS``), built into ``cache_dir``."""
+    if path == "native":
+        return loaded
+    return dataclasses.replace(loaded, kernels=load_kernels(cache_dir, ["-mno-avx512f"]))
 
 
 def native_greedy_logits(

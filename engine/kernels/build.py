@@ -17,6 +17,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -52,16 +53,18 @@ def compiler() -> str | None:
     )
 
 
-def load(cache_dir: Path) -> ctypes.CDLL:
+def load(cache_dir: Path, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     """The decode library for this machine, built on first use into ``{cache_dir}/kernels``, and
     loaded only when this server built it (``engine.kernels.trust``): any other file at its name
-    is built over, never loaded.
+    is built over, never loaded. ``extra_flags`` follow ``FLAGS`` (``-mno-avx512f``: the AVX2
+    path, which the tests build on an AVX-512 machine too).
 
     Raises:
         KernelUnavailable: no compiler, an unreadable source, a directory that is not private, or
             the build or the load failed; never another error (the engine then decodes with torch).
     """
-    cxx, sources, name = _inputs()
+    flags = [*FLAGS, *extra_flags]
+    cxx, sources, name = _inputs(flags)
     directory = Path(cache_dir) / "kernels"
     try:
         dir_fd = trust.private_dir(directory)
@@ -72,7 +75,7 @@ def load(cache_dir: Path) -> ctypes.CDLL:
     except OSError as exc:  # NOTE: a read-only cache directory, a file in the directory's place
         raise KernelUnavailable(f"cannot make {directory} ({exc})") from exc
     try:
-        return _load(cxx, sources, directory, dir_fd, name)
+        return _load(cxx, flags, sources, directory, dir_fd, name)
     except KernelUnavailable:
         raise
     except Exception as exc:  # NOTE: a library that cannot be loaded is the torch step, not a crash
@@ -81,7 +84,7 @@ def load(cache_dir: Path) -> ctypes.CDLL:
         os.close(dir_fd)
 
 
-def _inputs() -> tuple[str, dict[str, bytes], str]:
+def _inputs(flags: list[str]) -> tuple[str, dict[str, bytes], str]:
     """The compiler, the sources (file name -> bytes) and the library's file name: a digest of the
     sources, the flags, the compiler's version and the CPU's feature flags."""
     cxx = compiler()
@@ -100,12 +103,14 @@ def _inputs() -> tuple[str, dict[str, bytes], str]:
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailable(f"{cxx} does not run: {exc}") from exc
     digest = xxhash.xxh3_64_hexdigest(
-        b"".join(sources.values()) + " ".join([*FLAGS, version, _cpu_flags()]).encode()
+        b"".join(sources.values()) + " ".join([*flags, version, _cpu_flags()]).encode()
     )
     return cxx, sources, f"decode-{digest}.so"
 
 
-def _load(cxx: str, sources: dict[str, bytes], directory: Path, dir_fd: int, name: str) -> ctypes.CDLL:
+def _load(
+    cxx: str, flags: list[str], sources: dict[str, bytes], directory: Path, dir_fd: int, name: str
+) -> ctypes.CDLL:
     """The library ``name`` in ``directory`` (open at ``dir_fd``): the one found there when this
     server built it and it loads, else one built now."""
     try:
@@ -120,7 +125,7 @@ def _load(cxx: str, sources: dict[str, bytes], directory: Path, dir_fd: int, nam
             pass  # NOTE: built here, yet it no longer loads (a system library changed): built again, once
         finally:
             os.close(found)
-    built = _build(cxx, sources, directory, dir_fd, name)
+    built = _build(cxx, flags, sources, directory, dir_fd, name)
     try:
         return _opened(built)
     finally:
@@ -142,8 +147,10 @@ def _opened(fd: int) -> ctypes.CDLL:
     return lib
 
 
-def _build(cxx: str, sources: dict[str, bytes], directory: Path, dir_fd: int, name: str) -> int:
-    """Compile ``sources`` (file name -> bytes; the first is compiled) in a private temporary
+def _build(
+    cxx: str, flags: list[str], sources: dict[str, bytes], directory: Path, dir_fd: int, name: str
+) -> int:
+    """Compile ``sources`` with ``flags`` (file name -> bytes; the first is compiled) in a private temporary
     directory, record the digest of what was built, and rename it to ``name`` in ``dir_fd``
     (atomically: another process never loads a partial library).
 
@@ -160,7 +167,7 @@ def _build(cxx: str, sources: dict[str, bytes], directory: Path, dir_fd: int, na
                 (Path(tmp) / source).write_bytes(text)
             # NOTE: relative names, so the library holds no temporary path and builds alike
             done = subprocess.run(
-                [cxx, *FLAGS, SOURCES[0], "-o", "decode.so"], capture_output=True, text=True, cwd=tmp
+                [cxx, *flags, SOURCES[0], "-o", "decode.so"], capture_output=True, text=True, cwd=tmp
             )
             if done.returncode != 0:
                 raise KernelUnavailable(

@@ -19,8 +19,11 @@
 #include <cstring>
 
 #include "team.h"
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define KVP_AVX2 1  // the 8-lane path: CPUs with AVX2 and FMA but no AVX-512 (Zen 1-3, most desktops)
 #endif
 
 extern "C" {
@@ -110,12 +113,69 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
-// sum_j a[j] * b[j], lanes of 16 summed in a fixed order (n a multiple of 16 in the fast path).
+#if defined(KVP_AVX2)
+// The 8 lanes summed in one fixed order.
+inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// e^x for 8 lanes, as exp16 computes it; 2^n applied as two powers of two (AVX2 has no scalef),
+// each a float of its own for every n the clamp allows.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1);
+    const auto two_to = [](__m256i e) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+    };
+    return _mm256_mul_ps(_mm256_mul_ps(p, two_to(half)), two_to(_mm256_sub_epi32(k, half)));
+}
+
+// The 32 weights of a Q4_0, Q4_1 or Q8_0 block as four vectors of 8 (weights 0-7, 8-15, 16-23, 24-31).
+inline void block_weights(const uint8_t* blk, int kind, __m256 w[4]) {
+    if (kind == Q8_0) {
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * i))));
+        return;
+    }
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (kind == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i ql = _mm_and_si128(q, mask), qh = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    if (kind == Q4_0) {  // codes are offset by 8
+        ql = _mm_sub_epi8(ql, _mm_set1_epi8(8));
+        qh = _mm_sub_epi8(qh, _mm_set1_epi8(8));
+    }
+    const __m128i parts[4] = {ql, _mm_srli_si128(ql, 8), qh, _mm_srli_si128(qh, 8)};
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm256_cvtepi32_ps(kind == Q4_0 ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
+}
+#endif
+
+// sum_j a[j] * b[j], lanes of 16 (8 with AVX2) summed in a fixed order (n a multiple of the lanes in
+// the fast path).
 inline float dot(const float* a, const float* b, int n) {
 #if defined(__AVX512F__)
     if (n % 16 == 0) {
         __m512 acc = _mm512_setzero_ps();
         for (int j = 0; j < n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
+        return hsum(acc);
+    }
+#elif defined(KVP_AVX2)
+    if (n % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
         return hsum(acc);
     }
 #endif
@@ -139,6 +199,14 @@ inline float exp_shifted(float* v, int n, float top) {
         const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(v + i), _mm512_set1_ps(top)));
         _mm512_storeu_ps(v + i, e);
         acc = _mm512_add_ps(acc, e);
+    }
+    total = hsum(acc);
+#elif defined(KVP_AVX2)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(top)));
+        _mm256_storeu_ps(v + i, e);
+        acc = _mm256_add_ps(acc, e);
     }
     total = hsum(acc);
 #endif
@@ -175,6 +243,14 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
             for (int j = 0; j < W.cols; j += 16) {
                 const __m512 wv = _mm512_loadu_ps(w + j);
                 for (int s = 0; s < NB; s++) acc[s] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + s * ldx + j), acc[s]);
+            }
+            for (int s = 0; s < NB; s++) out[s] = hsum(acc[s]);
+#elif defined(KVP_AVX2)
+            __m256 acc[NB];
+            for (int s = 0; s < NB; s++) acc[s] = _mm256_setzero_ps();
+            for (int j = 0; j < W.cols; j += 8) {
+                const __m256 wv = _mm256_loadu_ps(w + j);
+                for (int s = 0; s < NB; s++) acc[s] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + s * ldx + j), acc[s]);
             }
             for (int s = 0; s < NB; s++) out[s] = hsum(acc[s]);
 #else
@@ -218,6 +294,27 @@ void rows_kernel(const Linear& W, int r0, int r1, const float* x, int ldx, const
                     const float* xs = x + s * ldx + b * QK;
                     const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xs + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xs)));
                     acc[s] = _mm512_fmadd_ps(d, t, acc[s]);
+                    mins[s] += m * xsum[s * nb + b];
+                }
+            }
+            for (int s = 0; s < NB; s++) out[s] = hsum(acc[s]) + mins[s];
+#elif defined(KVP_AVX2)
+            __m256 acc[NB];
+            float mins[NB];
+            for (int s = 0; s < NB; s++) { acc[s] = _mm256_setzero_ps(); mins[s] = 0; }
+            for (int b = 0; b < nb; b++) {
+                const uint8_t* blk = row + b * bb;
+                const __m256 d = _mm256_set1_ps(fp16(blk));
+                __m256 w[4];
+                block_weights(blk, W.kind, w);
+                const float m = W.kind == Q4_1 ? fp16(blk + 2) : 0.0f;
+                for (int s = 0; s < NB; s++) {
+                    const float* xs = x + s * ldx + b * QK;
+                    __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xs));
+                    t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xs + 8), t);
+                    t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xs + 16), t);
+                    t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xs + 24), t);
+                    acc[s] = _mm256_fmadd_ps(d, t, acc[s]);
                     mins[s] += m * xsum[s * nb + b];
                 }
             }
@@ -277,6 +374,13 @@ inline void silu_mul(float* g, const float* u, int n) {
         const __m512 x = _mm512_loadu_ps(g + i);
         const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
         _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+    }
+#elif defined(KVP_AVX2)
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
     }
 #endif
     for (; i < n; i++) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];

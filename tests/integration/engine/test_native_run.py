@@ -1,7 +1,8 @@
 """The native multi-token step (``NativeDecoder.run``): M tokens of one sequence in one call are bit
 for bit M single steps, for every M up to ``MAX_RUN_TOKENS`` and beyond it (in calls of that many),
 on pasts of 0 and a few positions, across a 128-token block, across an attention chunk of 256
-positions, and longer than a sliding window: the logits of every row and the K/V the run leaves.
+positions, and longer than a sliding window: the logits of every row and the K/V the run leaves;
+on each code path the machine has (``KERNEL_PATHS``).
 Every run starts on a buffer with room for its past and one more position, so the run grows it
 (a moved buffer) before any row is computed."""
 
@@ -16,7 +17,13 @@ from engine.kernels.build import compiler
 from engine.kernels.native import MAX_RUN_TOKENS, NativeDecoder
 from engine.kv import past_from_blocks
 from engine.model.loading import load_model
-from tests.helpers import build_tiny_model, build_tiny_source_model, random_tokens
+from tests.helpers import (
+    KERNEL_PATHS,
+    build_tiny_model,
+    build_tiny_source_model,
+    on_kernel_path,
+    random_tokens,
+)
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="the native step needs a C++ compiler")
 
@@ -25,16 +32,21 @@ PASTS = {"source": [0, 3, 100, 230], "mistral-window": [0, 40, 100]}
 crosses the first attention chunk (230 + M > 256); the windowed model's window is 48 positions."""
 
 
-@pytest.fixture(scope="module", params=sorted(PASTS))
+@pytest.fixture(
+    scope="module",
+    params=[(m, k) for m in sorted(PASTS) for k in KERNEL_PATHS],
+    ids=lambda param: "-".join(param),
+)
 def model(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    if request.param == "source":
+    name, kernel_path = request.param
+    path = tmp_path_factory.mktemp(name)
+    if name == "source":
         build_tiny_source_model(path)
     else:
-        build_tiny_model(path, family=request.param)
+        build_tiny_model(path, family=name)
     loaded = load_model(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
     assert loaded.kernels is not None
-    return request.param, loaded
+    return name, on_kernel_path(loaded, kernel_path, tmp_path_factory.mktemp("kernels"))
 
 
 def _past(loaded, base: DynamicCache | None, length: int, capacity: int) -> DynamicCache:
