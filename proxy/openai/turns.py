@@ -78,9 +78,9 @@ def chat_turn(
 ) -> Turn:
     """A chat completion as a turn, with its tools and answer schema (``chat_answer``; a
     ``json_schema`` without ``strict: true`` is not strict: ``Turn.schema_strict``; ``prompt_of``
-    and ``to_window`` as ``Turn`` has them); known client
-    metadata at the start of a system message left out unless ``--keep-client-metadata``
-    (``proxy.serving.metadata``: such as an Anthropic client's header a gateway passed on)."""
+    and ``to_window`` as ``Turn`` has them); known client metadata at the start of a system
+    message left out unless ``--keep-client-metadata`` (``proxy.serving.metadata``: such as an
+    Anthropic client's header a gateway passed on)."""
     tools, schema = answer
     form = body.response_format
     spec = form.json_schema if form is not None and form.type == "json_schema" else None

@@ -167,7 +167,9 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if kind == "function" and isinstance(choice.get("name"), str) and isinstance(namespace, str | None):
         return {"type": "function", "function": {"name": flat_name(choice["name"], namespace)}}
     raise OpenAIError(
-        400, "tool_choice is auto, none, required or {type: function, name}", param="tool_choice"
+        400,
+        "tool_choice is auto, none, required, {type: function, name} or {type: allowed_tools, mode, tools}",
+        param="tool_choice",
     )
 
 
