@@ -12,11 +12,12 @@ from engine.model.fetch import KNOWN_MODELS, ModelError
 from engine.model.loading import load_model
 from engine.model.resolve import model_fingerprint
 from proxy.cli import main
-from tests.helpers import build_tiny_model
+from tests.helpers import build_tiny_model, free_port
 
 
 def test_missing_model_path_exits_with_advice(tmp_path) -> None:
-    """`kvproxy serve --model <missing>` exits 1 and names the accepted forms."""
+    """`kvproxy serve --model <missing>` exits 1 and names the accepted forms (on a free port: the
+    port is checked first, and another server may hold the default one)."""
     result = subprocess.run(
         [
             sys.executable,
@@ -27,6 +28,8 @@ def test_missing_model_path_exits_with_advice(tmp_path) -> None:
             str(tmp_path / "nope"),
             "--cache-dir",
             str(tmp_path),
+            "--port",
+            str(free_port()),
         ],
         capture_output=True,
         text=True,
