@@ -107,7 +107,7 @@ def without_metadata(body: MessagesRequest) -> tuple[MessagesRequest, tuple[Left
     ``system`` string), and of each ``system`` message inside ``messages``, left out
     (``proxy.serving.metadata``), and what was left out. A block keeps its ``cache_control`` mark
     (its text may become empty); a system prompt or message that held nothing else, and no mark,
-    is left out whole, as if the body had none."""
+    is left out whole, as if the body had none (unless no message would be left)."""
     update: dict[str, object] = {}
     left_out: list[LeftOut] = []
     if body.system is not None:
@@ -115,15 +115,18 @@ def without_metadata(body: MessagesRequest) -> tuple[MessagesRequest, tuple[Left
         if left:
             update["system"], left_out = system, left
     messages: list[Message] = []
+    in_messages: list[LeftOut] = []
     for i, message in enumerate(body.messages):
         if message.role != "system":
             messages.append(message)
             continue
         content, left = _system_without_metadata(message.content, f"messages[{i}].content")
-        if left:
-            update["messages"], left_out = messages, left_out + left
+        in_messages += left
         if content is not None:
             messages.append(message.model_copy(update={"content": content}) if left else message)
+    # NOTE: never every message: a conversation of metadata alone is rendered as sent
+    if in_messages and messages:
+        update["messages"], left_out = messages, left_out + in_messages
     return (body.model_copy(update=update), tuple(left_out)) if left_out else (body, ())
 
 

@@ -21,7 +21,7 @@ from proxy.openai.protocol import ChatCompletionRequest, Count, Real
 from proxy.responses.replies import ResponseUsage
 from proxy.responses.tools import ToolPlan, chat_tool_choice, echoed_tool, tool_plan
 from proxy.serving.metadata import LeftOut
-from proxy.tools.limits import check_tool_count
+from proxy.tools.limits import MAX_TOOLS, check_tool_count
 from proxy.tools.rendering import TemplateMessage
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ ECHO_JSON_MOST = 2048
 """The most characters of ``tool_choice``, and of ``text`` beside its format's ``schema``, as
 compact JSON: echoed whole in a stored response, never read by the model (a function's name,
 a format's type, name, description and strictness fit many times over)."""
+ALLOWED_TOOLS_JSON_MOST = MAX_TOOLS * 256
+"""The most characters of an ``allowed_tools`` tool choice as compact JSON: every tool a request
+may define, each named with its namespace (two names of at most 64 characters, and the keys)."""
 
 
 class ResponsesRequest(BaseModel):
@@ -93,10 +96,15 @@ class ResponsesRequest(BaseModel):
         text = dict(self.text or {})
         if isinstance(text.get("format"), dict):
             text["format"] = {k: v for k, v in text["format"].items() if k != "schema"}
-        for name, value in (("tool_choice", self.tool_choice), ("text", text)):
-            if len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) > ECHO_JSON_MOST:
+        allowed = isinstance(self.tool_choice, dict) and self.tool_choice.get("type") == "allowed_tools"
+        choice_most = ALLOWED_TOOLS_JSON_MOST if allowed else ECHO_JSON_MOST
+        for name, value, most in (
+            ("tool_choice", self.tool_choice, choice_most),
+            ("text", text, ECHO_JSON_MOST),
+        ):
+            if len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) > most:
                 where = " beside text.format.schema" if name == "text" else ""
-                return name, f"{name}{where} is at most {ECHO_JSON_MOST} characters as JSON"
+                return name, f"{name}{where} is at most {most} characters as JSON"
         return None
 
     def echoed_tools(self) -> list[Any]:

@@ -151,17 +151,9 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, str):
         return choice
     kind, namespace = choice.get("type"), choice.get("namespace")
-    if kind == "allowed_tools" and isinstance(listed := choice.get("tools"), list):
-        functions = [
-            {"type": "function", "function": {"name": flat_name(t["name"], t.get("namespace"))}}
-            for t in listed
-            if isinstance(t, dict)
-            and t.get("type") == "function"
-            and isinstance(t.get("name"), str)
-            and isinstance(t.get("namespace"), str | None)
-        ]
-        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": functions}}
-    if isinstance(kind, str) and kind not in ("function", "allowed_tools"):
+    if kind == "allowed_tools":
+        return {"type": "allowed_tools", "allowed_tools": _allowed_functions(choice)}
+    if isinstance(kind, str) and kind != "function":
         reason = f"tool_choice names a tool of type `{kind:.64}`, which this server cannot run (left out)"
         raise OpenAIError(400, reason, param="tool_choice")
     if kind == "function" and isinstance(choice.get("name"), str) and isinstance(namespace, str | None):
@@ -171,6 +163,32 @@ def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
         "tool_choice is auto, none, required, {type: function, name} or {type: allowed_tools, mode, tools}",
         param="tool_choice",
     )
+
+
+def _allowed_functions(choice: dict[str, Any]) -> dict[str, Any]:
+    """An ``allowed_tools`` choice's ``mode`` and functions in chat's shape (namespaced ones by
+    their flat names); the hosted tools it lists are left out, as ``tool_plan`` leaves them out of
+    the prompt.
+
+    Raises:
+        OpenAIError: 400 naming ``tool_choice`` for another shape: a ``mode`` other than ``auto``
+            or ``required``, an entry that is not a tool's type and name.
+    """
+    listed, mode = choice.get("tools"), choice.get("mode")
+    shape = "allowed_tools is {type: allowed_tools, mode: auto | required, tools: [{type: function, name}]}"
+    if mode not in ("auto", "required") or not isinstance(listed, list):
+        raise OpenAIError(400, shape, param="tool_choice")
+    functions = []
+    for tool in listed:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function":
+            name, namespace = tool.get("name"), tool.get("namespace")
+            if not isinstance(name, str) or not isinstance(namespace, str | None):
+                raise OpenAIError(400, shape, param="tool_choice")
+            functions.append({"type": "function", "function": {"name": flat_name(name, namespace)}})
+        elif not isinstance(kind, str):
+            raise OpenAIError(400, shape, param="tool_choice")
+    return {"mode": mode, "tools": functions}
 
 
 def add_warning(headers: dict[str, str], plan: ToolPlan) -> None:

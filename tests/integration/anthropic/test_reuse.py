@@ -100,6 +100,21 @@ def test_a_billing_block_in_a_system_message_is_left_out(cached) -> None:
     ]
 
 
+def test_a_conversation_of_metadata_alone_is_rendered_as_sent(cached) -> None:
+    """A ``messages`` list that holds only billing blocks keeps them (nothing else would be left
+    to render: before, a 500), on ``/v1/messages`` and ``count_tokens``."""
+    only = {"role": "system", "content": [{"type": "text", "text": billing("a1b", "1c8b4")}]}
+    request = {"model": "tiny", "max_tokens": 2, "temperature": 0, "messages": [only]}
+    answered = httpx.post(f"{cached.server.base_url}/v1/messages", json=request, timeout=120)
+    assert answered.status_code == 200, answered.text
+    counted = httpx.post(
+        f"{cached.server.base_url}/v1/messages/count_tokens",
+        json={"model": "tiny", "messages": [only]},
+        timeout=120,
+    )
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+
+
 def test_keep_client_metadata_renders_the_block(settings, tiny_model, serve) -> None:
     """With ``--keep-client-metadata`` the billing block is prompt: a new session's first block
     differs, so nothing is reused, and the explanation names nothing left out."""

@@ -136,6 +136,48 @@ def test_allowed_tools_call_only_the_functions_listed(cached) -> None:
     assert err.value.body["param"] == "tool_choice"
 
 
+@pytest.mark.parametrize(
+    "listed",
+    [
+        [1],
+        [{"type": "function"}],
+        [{"type": "function", "name": 5}],
+        ["x", {"type": "function", "name": "echo"}],
+    ],
+)
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_allowed_tools_of_another_shape_are_refused(cached, listed, mode) -> None:
+    """An ``allowed_tools`` entry that is not a tool's type and name, or a ``mode`` other than
+    ``auto``/``required``, is a 400 naming ``tool_choice`` in the Responses shape."""
+    echo = {**SPAWN, "name": "echo"}
+    for choice in (
+        {"type": "allowed_tools", "mode": mode, "tools": listed},
+        {"type": "allowed_tools", "tools": []},
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client(cached.server).responses.create(**GREEDY, input="go", tools=[echo], tool_choice=choice)
+        assert err.value.body["param"] == "tool_choice" and "{type: function, name}" in err.value.message
+
+
+def test_allowed_tools_may_list_many_tools(cached) -> None:
+    """An ``allowed_tools`` choice longer than a short echo field (2,048 characters as JSON: tools
+    of 64-character names, one in a namespace, and hosted tools, left out) is served: its bound is
+    that of every tool a request may define."""
+    names = [f"t{i:02d}_{'x' * 60}" for i in range(12)]
+    many = [
+        {"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}} for n in names
+    ]
+    namespace = {**AGENTS, "name": "n" * 30}
+    listed = [{"type": "function", "name": n} for n in names]
+    listed += [{"type": "function", "name": "spawn_agent", "namespace": "n" * 30}, *[HOSTED[0]] * 60]
+    choice = {"type": "allowed_tools", "mode": "auto", "tools": listed}
+    assert len(json.dumps(choice, separators=(",", ":"))) > 2048
+    reply = client(cached.server).responses.create(
+        **GREEDY, max_output_tokens=1, input="go", tools=[*many, namespace, HOSTED[0]], tool_choice=choice
+    )
+    assert reply.usage.input_tokens > 0
+
+
 def test_namespaced_call_in_history_reads_as_generated(cached) -> None:
     """A ``function_call`` item sent back with its ``namespace`` renders as the model saw the
     function (its flat name): the same prompt as the conversation continued by id."""
