@@ -100,12 +100,15 @@ class TokenDelta:
 class Finished:
     """The completion is over: why, how many tokens it has, the text held back until the end (see
     ``TextStream``), and the stop string that ended it (``"stop"`` by a stop string; None when the
-    model itself ended it)."""
+    model itself ended it); of its tokens, how many speculation drafted and how many of those were
+    accepted (``engine.drafting``)."""
 
     finish_reason: FinishReason
     completion_tokens: int
     text: str = ""
     stop_sequence: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)

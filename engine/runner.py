@@ -13,11 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from engine.audit import Auditor
+from engine.buffers import GrowingLayer
+from engine.drafting import Drafter
 from engine.forward import prefill_chunks
 from engine.kernels.native import MAX_RUN_TOKENS, NativeDecoder
 from engine.parts import ModelParts
@@ -44,8 +46,10 @@ as single steps) and 0.14 s through transformers' forward.
 @dataclass
 class EngineStats:
     """Token counters of an engine: every fed token is counted once, so prefill_tokens +
-    prewarm_tokens + decode_tokens is exactly what the model computed; decode_tokens /
-    decode_steps is the mean decode batch size. Prewarm requests count only in prewarm_tokens."""
+    prewarm_tokens + decode_tokens is exactly what the model computed and kept (it also computed
+    the draft tokens not accepted, draft_tokens - accepted_tokens); decode_tokens / decode_steps
+    is the mean decode batch size times the tokens a draft adds. Prewarm requests count only in
+    prewarm_tokens."""
 
     requests: int = 0
     prompt_tokens: int = 0
@@ -57,13 +61,22 @@ class EngineStats:
     """Seconds inside the decode steps' forward passes (not sampling, not the server around
     them): ``decode_steps / decode_step_seconds`` is the step's own rate."""
     prewarm_tokens: int = 0
+    draft_tokens: int = 0
+    """Tokens drafted for speculation (``engine.drafting``), fed beside the last tokens: counted in
+    decode_tokens too, accepted or not."""
+    accepted_tokens: int = 0
+    """Of draft_tokens, those the sampled tokens confirmed: tokens decoded without a step of their own."""
 
 
 class Runner:
     """Runs steps (see the module docstring); only ever called from the model thread."""
 
-    def __init__(self, parts: ModelParts, auditor: Auditor) -> None:
+    def __init__(self, parts: ModelParts, auditor: Auditor, speculate: bool = True) -> None:
         self.parts, self.auditor = parts, auditor
+        # NOTE: drafts need a step whose rows are bit for bit single steps: the native one's
+        decoder = parts.decoder
+        self.speculate = speculate and isinstance(decoder, NativeDecoder)
+        self.max_position = decoder.max_pos if isinstance(decoder, NativeDecoder) else 0
         self.storer = Storer(parts.cache)
         self.stats = EngineStats()
 
@@ -111,6 +124,8 @@ class Runner:
         self.stats.cached_tokens += prefix.cached_tokens
         self.stats.prefill_tokens += n - prefix.cached_tokens
         seq.state = State.DECODING
+        if self.speculate:
+            seq.drafter = Drafter(seq.request.prompt_ids)
         seq.audit = self.auditor.capture(
             seq.namespace,
             seq.request.prompt_ids,
@@ -148,25 +163,64 @@ class Runner:
             yield decoder.run(suffix[offset : offset + MAX_RUN_TOKENS], past, start + offset)[-1]
 
     def _decode(self, *sequences: Sequence) -> None:
-        """Feed every sequence's last token in one forward pass and sample the next ones."""
+        """Feed every sequence's last token, and its draft where it has one, in one forward pass;
+        sample the next tokens, as many per sequence as its draft was right (``_accept``)."""
         for seq in sequences:
             if seq.cancelled:
                 self._end(seq, "cancelled")
         running = [seq for seq in sequences if seq.state is State.DECODING]
         if not running:
             return
-        tokens = [seq.generated[-1] for seq in running]
-        positions = [seq.fed for seq in running]
-        pasts = [seq.past for seq in running if seq.past is not None]
+        drafts = [self._draft(seq) for seq in running]
+        tokens: list[int] = []
+        pasts: list[Any] = []
+        positions: list[int] = []
+        starts = [seq.fed for seq in running]
+        for seq, draft, fed in zip(running, drafts, starts, strict=True):
+            rows = [seq.generated[-1], *draft]
+            tokens += rows
+            pasts += [seq.past] * len(rows)
+            positions += range(fed, fed + len(rows))
         start = time.perf_counter()
         logits = self.parts.decoder(tokens, pasts, positions)
         self.stats.decode_step_seconds += time.perf_counter() - start
-        self.stats.decode_tokens += len(running)
         self.stats.decode_steps += 1
-        for seq, row in zip(running, logits, strict=True):
-            reason = self._next_token(seq, row)
+        row = 0
+        for seq, draft, fed in zip(running, drafts, starts, strict=True):
+            reason = self._accept(seq, draft, logits[row : row + 1 + len(draft)], fed)
+            row += 1 + len(draft)
             if reason is not None:
                 self._end(seq, reason)
+
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The sequence's draft for this step ([] without speculation), no longer than its answer
+        and the model's context still allow past the token it is sure to get."""
+        if seq.drafter is None:
+            return []
+        room = min(seq.request.max_tokens - len(seq.generated), self.max_position - seq.fed) - 1
+        return seq.drafter.draft(seq.generated, room)
+
+    def _accept(self, seq: Sequence, draft: list[int], logits: torch.Tensor, fed: int) -> FinishReason | None:
+        """Sample from ``logits`` ``[1 + len(draft), vocab]`` row by row (row i follows draft token
+        i - 1, or the last token for row 0) while each sampled token equals the draft's next, then
+        drop the K/V of the draft tokens not kept: the past ends at ``fed`` plus the rows used, so
+        the last token sampled is fed next step, as without a draft. The finish reason, if any."""
+        accepted = 0
+        reason = None
+        for i, row in enumerate(logits):
+            reason = self._next_token(seq, row)
+            if reason is not None or i == len(draft) or seq.generated[-1] != draft[i]:
+                break
+            accepted += 1
+        self.stats.decode_tokens += accepted + 1
+        if draft:
+            assert seq.drafter is not None and seq.past is not None
+            seq.drafter.update(len(draft), accepted)
+            self.stats.draft_tokens += len(draft)
+            self.stats.accepted_tokens += accepted
+            for layer in seq.past.layers:
+                cast(GrowingLayer, layer).grow_to(fed + accepted + 1)
+        return reason
 
     def _next_token(self, seq: Sequence, logits: torch.Tensor) -> FinishReason | None:
         """Sample and emit the next token; the finish reason when the sequence ends with it."""
@@ -202,7 +256,15 @@ class Runner:
             if seq.fed > seq.n:
                 sequence = seq.request.prompt_ids + tuple(seq.generated)
                 self.storer.answer(seq, sequence, seq.fed)
-            finished = Finished(reason, len(seq.generated), seq.text.finish(), seq.text.stop_sequence)
+            drafter = seq.drafter
+            finished = Finished(
+                reason,
+                len(seq.generated),
+                seq.text.finish(),
+                seq.text.stop_sequence,
+                drafter.drafted if drafter else 0,
+                drafter.accepted if drafter else 0,
+            )
             seq.handle.emit(finished)
             if seq.audit is not None:
                 self.auditor.submit(seq.audit)

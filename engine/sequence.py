@@ -26,6 +26,7 @@ from transformers import DynamicCache
 
 from engine.audit import AuditCapture
 from engine.constraint import Constraint
+from engine.drafting import Drafter
 from engine.requests import GenerationRequest, PrefillDone, RequestHandle
 from engine.sampling import Sampler
 from engine.text import TextStream
@@ -78,6 +79,7 @@ class Sequence:
     error: BaseException | None = None  # the lookup stage failed
     audit: AuditCapture | None = None  # a hit sampled for the fidelity audit
     constraint: Constraint | None = None  # the request's grammar, if it has one
+    drafter: Drafter | None = None  # its speculation's drafts (None: decoding without)
 
     @property
     def n(self) -> int:

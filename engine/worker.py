@@ -58,6 +58,9 @@ class Engine:
         decode_threads: threads of the native decode step (None: torch's, the cores); they share
             each step's work as they run, so a busy core does not hold the step up
             (``engine/kernels/team.h``).
+        speculation: draft tokens from each sequence's own (``engine.drafting``) and verify them
+            in the native step, several tokens a step where drafts are right; the tokens are those
+            decoding without it gives. Off for any other decode step.
     """
 
     def __init__(
@@ -68,8 +71,10 @@ class Engine:
         max_batch: int = 4,
         audit_rate: float = 0.0,
         decode_threads: int | None = None,
+        speculation: bool = True,
     ) -> None:
         self.loaded, self.cache, self.audit_rate = loaded, cache, audit_rate
+        self.speculation = speculation
         self.cores = Cores(torch.get_num_threads())
         self.decode_threads = decode_threads or self.cores.total
         use_batched_attention(loaded.model)
@@ -102,7 +107,8 @@ class Engine:
             self.decoder = pick_decoder(self.loaded, like, self.decode_threads)
             parts = ModelParts(self.loaded, self.cache, self.buffers, self.decoder)
             self.auditor = Auditor(parts, self.audit_rate)
-            self.runner = Runner(parts, self.auditor)
+            self.runner = Runner(parts, self.auditor, self.speculation)
+            log.info("speculation: %s", _speculation(self.speculation, self.runner.speculate))
             self.ahead = RenderAhead(self.loaded, self.loader, self.runner)
         except BaseException as exc:  # raised again by __init__
             self._failed = exc
@@ -217,3 +223,11 @@ class Engine:
         self._thread.join(timeout_s)
         if self.cache is not None and not self.cache.flush(timeout_s):
             log.warning("cache saves still pending after %.0f s at shutdown", timeout_s)
+
+
+def _speculation(asked: bool, running: bool) -> str:
+    if running:
+        return "on (drafts from each sequence's own tokens, verified exactly by the native step)"
+    if not asked:
+        return "off (--no-speculation)"
+    return "off (it needs the native decode step, which this model or device does not run)"

@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None, loaded: LoadedModel | None = No
             settings.max_batch,
             settings.audit_rate,
             settings.decode_threads,
+            speculation=not settings.no_speculation,
         )
         admin = block_cache.admin if block_cache is not None else None
         app.state.settings, app.state.cache, app.state.engine = settings, admin, engine

@@ -248,6 +248,12 @@ class Settings(ServerSettings):
         description="Threads of the native decode step (default: torch's, the cores); they share each step's "
         "work as they run, so a busy core does not hold a step up.",
     )
+    no_speculation: bool = Field(
+        False,
+        description="Decode one token a step. By default a sequence drafts tokens from its own prompt and "
+        "answer (a quoted document, code, echoed tool output) and the native step checks them several at a "
+        "time: the same tokens, greedy or seeded, faster where drafts are right.",
+    )
     device: str = Field("cpu", description="Torch device for the model (cpu, cuda, cuda:1, ...).")
     default_max_tokens: int = Field(
         2048,

@@ -94,9 +94,12 @@ class Metrics:
         self.vllm.prefilled(done, ttft)
         return ttft
 
-    def finished(self, finished: Finished, started: float, ttft_s: float) -> None:
-        """Record a finished request that arrived at ``started`` (monotonic seconds)."""
+    def finished(self, namespace_hex: str, finished: Finished, started: float, ttft_s: float) -> None:
+        """Record a finished request of ``namespace_hex`` that arrived at ``started`` (monotonic
+        seconds)."""
         self.vllm.finished(finished, ttft_s, time.monotonic() - started)
+        if finished.draft_tokens:
+            self.log.drafted(namespace_hex, finished.draft_tokens, finished.accepted_tokens)
 
 
 class _EngineAndStoreCollector(Collector):
@@ -125,6 +128,16 @@ class _EngineAndStoreCollector(Collector):
             "kvproxy_decode_step_seconds",
             "Seconds inside decode steps (the forward pass only, not sampling or streaming)",
             value=e.decode_step_seconds,
+        )
+        yield CounterMetricFamily(
+            "kvproxy_draft_tokens",
+            "Tokens drafted for speculative decoding and checked in decode steps",
+            value=e.draft_tokens,
+        )
+        yield CounterMetricFamily(
+            "kvproxy_draft_accepted_tokens",
+            "Drafted tokens the model's own choice confirmed (decoded without a step of their own)",
+            value=e.accepted_tokens,
         )
         yield GaugeMetricFamily(
             "kvproxy_engine_queue_depth", "Requests waiting for the engine", value=self.engine.queue_depth

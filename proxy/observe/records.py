@@ -66,7 +66,8 @@ class RecentMiss:
 class ProcessSummary:
     """This process's figures (``RequestLog.summary``): totals, token hit rates over the last
     minute and hour, TTFT by outcome and its series over the last hour (``proxy.observe.series``),
-    and the last 20 misses, newest first."""
+    and the last 20 misses, newest first; the tokens speculation drafted for the answers since start
+    and how many of them were accepted (``engine.drafting``)."""
 
     requests: int
     prompt_tokens: int
@@ -80,24 +81,34 @@ class ProcessSummary:
     ttft_by_cached_tokens: list[CachedTokensTtft]
     ttft_by_prompt_tokens: list[PromptTokensTtft]
     recent_misses: list[RecentMiss]
+    draft_tokens: int
+    accepted_tokens: int
 
 
 class RequestLog:
-    """The last ``KEEP_RECORDS`` requests (thread-safe)."""
+    """The last ``KEEP_RECORDS`` requests (thread-safe), and drafts per namespace."""
 
     def __init__(self) -> None:
         self._records: deque[RequestRecord] = deque(maxlen=KEEP_RECORDS)
+        self._drafts: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     def add(self, record: RequestRecord) -> None:
         with self._lock:
             self._records.append(record)
 
+    def drafted(self, namespace_hex: str, drafted: int, accepted: int) -> None:
+        """A finished answer of ``namespace_hex`` drafted ``drafted`` tokens, ``accepted`` kept."""
+        with self._lock:
+            total = self._drafts.get(namespace_hex, (0, 0))
+            self._drafts[namespace_hex] = (total[0] + drafted, total[1] + accepted)
+
     def summary(self, namespace_hex: str | None) -> ProcessSummary:
         """This process's figures for one namespace (a tenant) or all."""
         now = time.time()
         with self._lock:
             mine = [r for r in self._records if namespace_hex is None or r.namespace == namespace_hex]
+            drafts = [d for n, d in self._drafts.items() if namespace_hex is None or n == namespace_hex]
 
         def window(seconds: float) -> TokenWindow:
             rs = [r for r in mine if r.at >= now - seconds]
@@ -139,4 +150,6 @@ class RequestLog:
             recent_misses=[
                 RecentMiss(r.at, r.prompt_tokens, r.cached_tokens, r.kind, r.reason) for r in reversed(misses)
             ],
+            draft_tokens=sum(d[0] for d in drafts),
+            accepted_tokens=sum(d[1] for d in drafts),
         )

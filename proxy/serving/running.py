@@ -60,6 +60,11 @@ class Running:
         self._record()
 
     @property
+    def finished(self) -> Finished | None:
+        """The ``Finished`` event once it arrived, else None."""
+        return self._finished
+
+    @property
     def text(self) -> str:
         """The completion's text so far (all of it once finished)."""
         return "".join(self._text)
@@ -172,7 +177,7 @@ async def start(
     ttft = metrics.observe(namespace.hex(), event, arrived)
 
     def finished(event: Finished) -> None:
-        metrics.finished(event, arrived, ttft)
+        metrics.finished(namespace.hex(), event, arrived, ttft)
         if ahead is not None and event.finish_reason != "cancelled":
             ahead(running.text)
 

@@ -16,9 +16,16 @@ from proxy.serving.running import Started
 
 def json_response(started: Started, body: Mapping[str, object]) -> JSONResponse:
     """A finished completion (any JSON object): the cache headers, and the explanation in the
-    body (its last field) when asked."""
+    body (its last field) when asked, with what speculation drafted for the answer and how much of
+    it was accepted (tokens; ``engine.drafting``)."""
     if started.explanation is not None:
-        body = {**body, EXPLANATION_FIELD: started.explanation.as_json()}
+        explanation = started.explanation.as_json()
+        if (finished := started.running.finished) is not None:
+            explanation["speculation"] = {
+                "draft_tokens": finished.draft_tokens,
+                "accepted_tokens": finished.accepted_tokens,
+            }
+        body = {**body, EXPLANATION_FIELD: explanation}
     return JSONResponse(body, headers=started.headers)
 
 
