@@ -1,0 +1,207 @@
+"""Speculation side by side: single-stream decode speed on prose and on copy-heavy work, kvproxy
+(drafting, and ``--no-speculation``) against llama-cpp-python's server on the same GGUF without
+drafts and with its own prompt-lookup drafts (``--draft_model prompt-lookup-decoding``).
+
+Workloads (``workloads``; greedy, streamed, answers of up to ``MAX_TOKENS`` tokens):
+
+- ``prose``: stories and explanations, nothing to copy;
+- ``rag-quote``: a document, and an answer that quotes it;
+- ``code-edit``: a Python module rewritten whole with one name changed;
+- ``tool-args``: a JSON tool call whose argument echoes a long text from the prompt;
+- ``agent-echo``: a command's output (a directory listing), shown again by the answer.
+
+Each server runs every prompt once to put its prompt in its cache (one token), then once measured:
+decode rate = (tokens - 1) / (last token - first token), tokens from the server's usage or, for
+llama.cpp's streams (which carry none), its content chunks. Rounds alternate the servers.
+kvproxy's drafted and accepted tokens per workload come from its ``/stats``, and its answers with
+and without speculation are compared (they must be equal).
+
+    python -m bench.speculation --llama-python VENV/bin/python --gguf PATH/source.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import random
+import statistics
+import tempfile
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.client import Client
+from bench.servers import running, serve, serve_llama_cpp
+from bench.workloads import corpus, text
+
+MODEL = "smollm2-135m-instruct"
+MAX_TOKENS = 256
+KVPROXY_PORT, LLAMA_PORT = 8631, 8632
+Messages = list[dict[str, str]]
+
+
+def _user(content: str) -> Messages:
+    return [{"role": "user", "content": content}]
+
+
+def workloads(seed: int = 0) -> dict[str, list[str | Messages]]:
+    """Three prompts per kind (see the module docstring): chat messages for prose; for the
+    copy-heavy kinds, raw completion prompts that start the copy (a 135M model asked in a chat to
+    quote or echo mostly does something else), so the answer is the copy a larger model writes."""
+    rng, paragraphs = random.Random(seed), corpus()
+    docs = [text(rng, 250, paragraphs) for _ in range(3)]
+    sources = [inspect.getsource(f)[:1400] for f in (textwrap.dedent, textwrap.indent, json.dumps)]
+    listings = [
+        "\n".join(
+            f"-rw-r--r-- 1 dev dev {rng.randrange(200, 90000):>6} Nov {rng.randrange(1, 30):>2} 10:{i:02d} "
+            f"{rng.choice(['src', 'lib', 'test'])}/{rng.choice(['cache', 'index', 'store', 'route'])}_{i}.py"
+            for i in range(20)
+        )
+        for _ in range(3)
+    ]
+
+    def start(copied: str) -> str:
+        return copied[: copied.find(" ", 40) + 1]
+
+    return {
+        "prose": [
+            _user("Write a long story about a lighthouse keeper who finds a strange map."),
+            _user("Explain in detail how a bicycle stays upright, for a curious ten-year-old."),
+            _user("Write a warm letter to a friend describing a week spent hiking in the mountains."),
+        ],
+        "rag-quote": [
+            f"Document:\n{doc}\n\nQuestion: what does the document say, word for word?\n"
+            f'Answer: The document says: "{start(doc)}'
+            for doc in docs
+        ],
+        "code-edit": [
+            f"```python\n{src}```\n\nThe same code with `text` renamed to `source`:\n\n```python\n"
+            f"{start(src.replace('text', 'source'))}"
+            for src in sources
+        ],
+        "tool-args": [
+            f"Text:\n{doc[:700]}\n\nA call of the tool save_note with the text above:\n"
+            f'{{"name": "save_note", "arguments": {{"text": "{start(doc)}'
+            for doc in docs
+        ],
+        "agent-echo": [
+            f"$ ls -l src lib test\n{listing}\n$ git stash && ls -l src lib test\n{start(listing)}"
+            for listing in listings
+        ],
+    }
+
+
+def measure(client: Client, model: str, prompts: dict[str, list[str | Messages]]) -> dict[str, Any]:
+    """Per workload: each prompt's decode rate (tokens/s), tokens and answer text."""
+    out: dict[str, Any] = {}
+    for name, requests in prompts.items():
+        rows = []
+        for prompt in requests:
+            send = client.complete if isinstance(prompt, str) else client.chat
+            send(model, prompt, 1)  # type: ignore[arg-type]  # the prompt into the server's cache
+            result, answer = send(model, prompt, MAX_TOKENS)  # type: ignore[arg-type]
+            rate, tokens = result.decode_tokens_per_s, result.completion_tokens
+            rows.append({"tok_s": rate, "tokens": tokens, "text": answer})
+        out[name] = rows
+    return out
+
+
+def drafts(url: str) -> tuple[int, int]:
+    process = httpx.get(f"{url}/stats", timeout=30).json()["process"]
+    return process["draft_tokens"], process["accepted_tokens"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--llama-python", default=None, help="python of a virtualenv with llama-cpp-python[server]"
+    )
+    parser.add_argument("--gguf", default=None, help="the GGUF file llama.cpp serves")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", default=None, help="write the measurements here")
+    args = parser.parse_args()
+    prompts = workloads()
+    work = Path(tempfile.mkdtemp(prefix="kvproxy-spec-"))
+    prefix = f"kvpspec-{random.getrandbits(32):08x}:"
+    kv_url = f"http://127.0.0.1:{KVPROXY_PORT}"
+    servers: dict[str, tuple[Callable[[], Any], Client, str]] = {
+        "kvproxy": (lambda: serve(KVPROXY_PORT, work / "on", prefix + "on:"), Client(f"{kv_url}/v1"), MODEL),
+        "kvproxy --no-speculation": (
+            lambda: serve(KVPROXY_PORT, work / "off", prefix + "off:", "--no-speculation"),
+            Client(f"{kv_url}/v1"),
+            MODEL,
+        ),
+    }
+    if args.llama_python and args.gguf:
+        llama = Client(f"http://127.0.0.1:{LLAMA_PORT}/v1", require_usage=False)
+        gguf = Path(args.gguf)
+        servers["llama.cpp"] = (
+            lambda: serve_llama_cpp(LLAMA_PORT, args.llama_python, gguf),
+            llama,
+            "smollm2",
+        )
+        servers["llama.cpp prompt-lookup"] = (
+            lambda: serve_llama_cpp(LLAMA_PORT, args.llama_python, gguf, drafts=True),
+            llama,
+            "smollm2",
+        )
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
+    accepted: dict[str, list[int]] = {name: [0, 0] for name in prompts}
+    for _ in range(args.rounds):
+        for label, (start, client, model) in servers.items():
+            with running(start()):
+                if label != "kvproxy":
+                    runs[label].append(measure(client, model, prompts))
+                    continue
+                result: dict[str, Any] = {}
+                for name in prompts:
+                    before = drafts(kv_url)
+                    result |= measure(client, model, {name: prompts[name]})
+                    after = drafts(kv_url)
+                    accepted[name][0] += after[0] - before[0]
+                    accepted[name][1] += after[1] - before[1]
+                runs[label].append(result)
+    report(runs, accepted, args.json)
+
+
+def report(runs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[int]], path: str | None) -> None:
+    """Print the table (median decode rate per workload and server, ratios against llama.cpp) and
+    kvproxy's acceptance; write everything to ``path`` as JSON."""
+    labels = list(runs)
+    rates = {
+        label: {
+            name: statistics.median(row["tok_s"] for run in rounds for row in run[name]) for name in rounds[0]
+        }
+        for label, rounds in runs.items()
+    }
+    print("| workload | " + " | ".join(labels) + " | kvproxy drafts accepted |")
+    print("|---" * (len(labels) + 2) + "|")
+    for name in rates[labels[0]]:
+        drafted, kept = accepted[name]
+        share = f"{kept}/{drafted} = {kept / drafted:.0%}" if drafted else "none drafted"
+        cells = " | ".join(f"{rates[label][name]:.1f}" for label in labels)
+        print(f"| {name} | {cells} | {share} |")
+    for peer in ("llama.cpp", "llama.cpp prompt-lookup"):
+        if peer in rates:
+            ratios = ", ".join(f"{n} {rates['kvproxy'][n] / rates[peer][n]:.2f}x" for n in rates[peer])
+            print(f"kvproxy / {peer}: {ratios}")
+    if "kvproxy --no-speculation" in runs:
+        same = [
+            on["text"] == off["text"]
+            for on_run, off_run in zip(runs["kvproxy"], runs["kvproxy --no-speculation"], strict=True)
+            for name in on_run
+            for on, off in zip(on_run[name], off_run[name], strict=True)
+        ]
+        print(f"kvproxy answers with speculation == without: {sum(same)}/{len(same)}")
+    if path:
+        Path(path).write_text(json.dumps({"rates": rates, "accepted": accepted, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The speculation promise, swept: greedy answers with speculation on equal those without it, on
+prompts of several kinds (prose, code, JSON, tool calls, eight languages), through the chat API of
+two ``kvproxy serve`` processes (one with ``--no-speculation``); prints the counts and, per kind,
+the drafted tokens accepted.
+
+    python -m bench.speculation_sweep            # 240 prompts, 128 tokens each
+    python -m bench.speculation_sweep --per-kind 8 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.servers import running, serve
+
+MODEL = "smollm2-135m-instruct"
+ON_PORT, OFF_PORT = 8641, 8642
+SUBJECTS = (
+    "a lighthouse", "the moon", "a bakery", "rain forests", "a chess game", "old trains", "bees",
+    "a city at night", "volcanoes", "a library", "the ocean", "a robot", "winter", "a market",
+    "mountains", "a violin", "the desert", "a garden", "bridges", "a comet",
+)  # fmt: skip
+LANGUAGES = {
+    "French": "Écris un court paragraphe sur {}.",
+    "German": "Schreibe einen kurzen Absatz über {}.",
+    "Spanish": "Escribe un párrafo corto sobre {}.",
+    "Italian": "Scrivi un breve paragrafo su {}.",
+    "Portuguese": "Escreva um parágrafo curto sobre {}.",
+    "Chinese": "请写一段关于{}的短文。",
+    "Japanese": "{}についての短い文章を書いてください。",
+    "Russian": "Напиши короткий абзац о {}.",  # noqa: RUF001 (Cyrillic, as written)
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_notes",
+            "description": "Search the user's notes for a phrase.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query"],
+            },
+        },
+    },
+]
+
+
+def prompts(per_kind: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """``per_kind`` chat request bodies (without model and limits) of each kind."""
+    rng = random.Random(seed)
+    subjects = itertools.cycle(rng.sample(SUBJECTS, len(SUBJECTS)))
+    languages = itertools.cycle(LANGUAGES.values())
+
+    def user(text: str) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": text}]}
+
+    return {
+        "prose": [user(f"Write a short story about {next(subjects)}.") for _ in range(per_kind)],
+        "code": [
+            user(f"Write a Python function that {task}, with a docstring and an example.")
+            for task in itertools.islice(
+                itertools.cycle(
+                    (
+                        "reverses the words of a sentence",
+                        "counts the vowels in a string",
+                        "merges two sorted lists",
+                        "checks whether a number is prime",
+                        "flattens a nested list",
+                        "parses a date in ISO format",
+                        "computes a moving average",
+                        "finds duplicate files by size",
+                    )
+                ),
+                per_kind,
+            )
+        ],
+        "json": [
+            user(f"Return a JSON object about {next(subjects)}, with keys name, facts (a list) and score.")
+            for _ in range(per_kind)
+        ],
+        "tool-calls": [
+            {
+                "messages": [{"role": "user", "content": question}],
+                "tools": TOOLS,
+            }
+            for question in itertools.islice(
+                itertools.cycle(
+                    (
+                        "What's the weather in {} today?",
+                        "Search my notes for anything about {}.",
+                        "Is it raining in {}? Use Celsius.",
+                        "Find my three latest notes mentioning {}.",
+                    )
+                ),
+                per_kind,
+            )
+            for question in [question.format(rng.choice(["Paris", "Lima", "Oslo", "Kyoto", "budgets"]))]
+        ],
+        "languages": [user(next(languages).format(next(subjects))) for _ in range(per_kind)],
+    }
+
+
+def answer(url: str, body: dict[str, Any], max_tokens: int) -> tuple[Any, ...]:
+    """The greedy answer: its text, its tool calls (without their random ids) and its tokens."""
+    request = {"model": MODEL, "temperature": 0, "max_tokens": max_tokens, **body}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=600).json()
+    message = reply["choices"][0]["message"]
+    calls = [call["function"] for call in message.get("tool_calls") or []]
+    return message.get("content"), calls, reply["usage"]["completion_tokens"]
+
+
+def drafts(url: str) -> tuple[int, int]:
+    process = httpx.get(f"{url}/stats", timeout=30).json()["process"]
+    return process["draft_tokens"], process["accepted_tokens"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--per-kind", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvproxy-sweep-"))
+    prefix = f"kvpsweep-{random.getrandbits(32):08x}:"
+    on, off = f"http://127.0.0.1:{ON_PORT}", f"http://127.0.0.1:{OFF_PORT}"
+    total = same = 0
+    print("| kind | prompts | equal | tokens | drafted | accepted |")
+    print("|---|---|---|---|---|---|")
+    with (
+        running(serve(ON_PORT, work / "on", prefix + "on:", "--no-cache")),
+        running(serve(OFF_PORT, work / "off", prefix + "off:", "--no-cache", "--no-speculation")),
+    ):
+        for kind, bodies in prompts(args.per_kind).items():
+            before = drafts(on)
+            equal = tokens = 0
+            for body in bodies:
+                ours, theirs = answer(on, body, args.max_tokens), answer(off, body, args.max_tokens)
+                equal += ours == theirs
+                tokens += ours[2]
+            drafted, accepted = (b - a for a, b in zip(before, drafts(on), strict=True))
+            share = f"{accepted} ({accepted / drafted:.0%})" if drafted else "0"
+            print(f"| {kind} | {len(bodies)} | {equal} | {tokens} | {drafted} | {share} |")
+            total, same = total + len(bodies), same + equal
+    print(f"greedy answers with speculation == without: {same}/{total}")
+
+
+if __name__ == "__main__":
+    main()
