@@ -43,6 +43,12 @@ as single steps) and 0.14 s through transformers' forward.
 """
 
 
+STEP_DRAFT_TOKENS = 16
+"""Draft tokens one decode step checks, shared evenly among its sequences (one alone drafts up to
+``engine.drafting.LONGEST_DRAFT``; 8 sequences 2 each; 17 or more none): each row costs arithmetic,
+and a batch already fills the step's arithmetic with its own tokens."""
+
+
 @dataclass
 class EngineStats:
     """Token counters of an engine: every fed token is counted once, so prefill_tokens +
@@ -171,7 +177,8 @@ class Runner:
         running = [seq for seq in sequences if seq.state is State.DECODING]
         if not running:
             return
-        drafts = [self._draft(seq) for seq in running]
+        share = STEP_DRAFT_TOKENS // len(running)
+        drafts = [self._draft(seq, share) for seq in running]
         tokens: list[int] = []
         pasts: list[Any] = []
         positions: list[int] = []
@@ -192,13 +199,14 @@ class Runner:
             if reason is not None:
                 self._end(seq, reason)
 
-    def _draft(self, seq: Sequence) -> list[int]:
-        """The sequence's draft for this step ([] without speculation), no longer than its answer
-        and the model's context still allow past the token it is sure to get."""
-        if seq.drafter is None:
+    def _draft(self, seq: Sequence, most: int) -> list[int]:
+        """The sequence's draft for this step ([] without speculation): at most ``most`` tokens,
+        no longer than its answer and the model's context still allow past the token it is sure
+        to get."""
+        if seq.drafter is None or most <= 0:
             return []
-        room = min(seq.request.max_tokens - len(seq.generated), self.max_position - seq.fed) - 1
-        return seq.drafter.draft(seq.generated, room)
+        left = min(seq.request.max_tokens - len(seq.generated), self.max_position - seq.fed) - 1
+        return seq.drafter.draft(seq.generated, min(most, left))
 
     def _accept(self, seq: Sequence, draft: list[int], logits: torch.Tensor, fed: int) -> FinishReason | None:
         """Sample from ``logits`` ``[1 + len(draft), vocab]`` row by row (row i follows draft token
