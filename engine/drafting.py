@@ -105,17 +105,30 @@ class DraftPolicy:
 
 
 class Drafter:
-    """One sequence's drafting: ``PromptLookup`` steered by ``DraftPolicy``, with its counts."""
+    """One sequence's drafting, steered by ``DraftPolicy``, with its counts: while the answer
+    follows ``continuation`` (what the cache holds after this very prompt: the start of an answer
+    it got before, ``store.interface.PrefixMatch.continuation``), its next tokens; else
+    ``PromptLookup``'s."""
 
-    def __init__(self, prompt: Sequence[int]) -> None:
+    def __init__(self, prompt: Sequence[int], continuation: Sequence[int] = ()) -> None:
         self.lookup, self.policy = PromptLookup(prompt), DraftPolicy()
+        self.continuation = tuple(continuation)
+        self._followed = 0  # leading tokens of the answer known to equal the continuation's
         self.drafted = self.accepted = 0
 
     def draft(self, generated: Sequence[int], room: int) -> list[int]:
         """The next draft (token ids), at most ``room`` tokens (what the request and the context
         still allow)."""
         most = min(self.policy.wanted(), room)
-        return self.lookup.draft(generated, most) if most > 0 else []
+        if most <= 0:
+            return []
+        n, known = len(generated), self.continuation
+        while self._followed < min(n, len(known)) and generated[self._followed] == known[self._followed]:
+            self._followed += 1
+        if self._followed == n < len(known):
+            return list(known[n : n + most])
+        self.continuation = ()  # the answer left it (or ran past it): for good
+        return self.lookup.draft(generated, most)
 
     def update(self, drafted: int, accepted: int) -> None:
         """The outcome of a draft of ``drafted`` tokens: its first ``accepted`` were kept."""

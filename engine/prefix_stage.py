@@ -52,7 +52,9 @@ def load_prefix(
     past = past_from_blocks(match.blocks, reused, buffers, kernels, match.tail, match.tail_tokens)
     reused += match.tail_tokens
     tail = match.tail.block_hash if match.tail is not None else None
-    return LoadedPrefix(past, reused, match.num_blocks, match.miss_reason, match.tail_tokens, tail)
+    return LoadedPrefix(
+        past, reused, match.num_blocks, match.miss_reason, match.tail_tokens, tail, match.continuation
+    )
 
 
 class PrefixLoader:

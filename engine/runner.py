@@ -68,8 +68,8 @@ class EngineStats:
     them): ``decode_steps / decode_step_seconds`` is the step's own rate."""
     prewarm_tokens: int = 0
     draft_tokens: int = 0
-    """Tokens drafted for speculation (``engine.drafting``), fed beside the last tokens: counted in
-    decode_tokens too, accepted or not."""
+    """Tokens drafted for speculation (``engine.drafting``), fed beside the last tokens (the
+    accepted ones count in decode_tokens too)."""
     accepted_tokens: int = 0
     """Of draft_tokens, those the sampled tokens confirmed: tokens decoded without a step of their own."""
 
@@ -131,7 +131,7 @@ class Runner:
         self.stats.prefill_tokens += n - prefix.cached_tokens
         seq.state = State.DECODING
         if self.speculate:
-            seq.drafter = Drafter(seq.request.prompt_ids)
+            seq.drafter = Drafter(seq.request.prompt_ids, prefix.continuation)
         seq.audit = self.auditor.capture(
             seq.namespace,
             seq.request.prompt_ids,

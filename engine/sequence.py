@@ -53,6 +53,7 @@ class LoadedPrefix(NamedTuple):
     miss_reason: MissReason | None
     tail_tokens: int = 0  # of cached_tokens, served by a tail (``hashing.tails``)
     tail_hash: BlockHash | None = None  # that tail's
+    continuation: tuple[int, ...] = ()  # tokens a cached tail holds past the prompt (drafts only)
 
 
 @dataclass(eq=False)

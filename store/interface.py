@@ -99,12 +99,17 @@ class PrefixMatch(NamedTuple):
     """The verified leading blocks of a prompt found in the cache, in chain order, then the tail
     that continues them (its first ``tail_tokens`` tokens are the prompt's next ones), and why the
     match stopped before the prompt's last full block (None when every full block matched; then
-    set only when the tail that would have continued them failed: dropped, timed out, unread)."""
+    set only when the tail that would have continued them failed: dropped, timed out, unread).
+    ``continuation``: token ids a listed tail holds past the prompt's end, when the prompt's
+    every full block matched and such a tail holds all of its rest (the start of an answer this
+    namespace got to the same prompt before); drafts for speculation (``engine.drafting``),
+    never served as K/V."""
 
     blocks: list[KVBlock]
     miss_reason: MissReason | None = None
     tail: KVBlock | None = None
     tail_tokens: int = 0
+    continuation: tuple[int, ...] = ()
 
     @property
     def num_blocks(self) -> int:

@@ -86,6 +86,7 @@ class TailFinder:
         tip = hashes[k - 1] if k else None
         rest = tuple(token_ids[start : start + room])
         listed, pending = tails
+        match = match._replace(continuation=self._continuation(namespace, tip, token_ids[start:], tails))
         # NOTE: of the tails serving the most tokens, one still pending (nothing to read), then
         # the shortest (the fewest bytes to read): an answer's tail holds its prompt's tail too
         candidates: list[tuple[int, bool, int, KVBlock | TailListing]] = [
@@ -106,6 +107,30 @@ class TailFinder:
         touch = partial(self.parts.index.touch, namespace, tip, found.tail_hash, ttl, k)
         self.writer.enqueue(partial(self.parts.guard.redis, "touch", touch, scope=namespace.hex()))
         return match._replace(tail=tail, tail_tokens=use)
+
+    def _continuation(
+        self,
+        namespace: Namespace,
+        tip: BlockHash | None,
+        rest: Sequence[int],
+        tails: tuple[list[TailListing], dict[BlockHash | None, list[KVBlock]]],
+    ) -> tuple[int, ...]:
+        """The longest run of token ids a tail after ``tip`` holds past ``rest`` (the prompt's
+        tokens after ``tip``, all of them), of the listed tails whose ids hash to their name and
+        the pending ones; () when none holds all of ``rest``."""
+        listed, pending = tails
+        root = tip or namespace
+        held = [t.token_ids for t in pending.get(tip, [])]
+        held += [
+            t.token_ids
+            for t in listed
+            if t.token_ids is not None
+            and t.length > len(rest)
+            and tail_hash(root, t.token_ids) == t.tail_hash
+        ]
+        n = len(rest)
+        longer = [ids for ids in held if len(ids) > n and tuple(ids[:n]) == tuple(rest)]
+        return tuple(max(longer, key=len)[n:]) if longer else ()
 
     def _serves(
         self,

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from engine.kernels.build import compiler
+from hashing import BLOCK_SIZE
 from tests.api import Api
 from tests.helpers import random_tokens
 
@@ -106,6 +107,27 @@ def test_what_a_drafted_answer_stores_serves_the_next_turn_as_cold(cached, plain
     turn = prompt + first.token_ids + random_tokens(5, seed=9)
     ours, theirs = (api.complete(turn, max_tokens=40, **_no_eos(api)) for api in (cached, plain))
     assert ours.cached_tokens >= 256 and ours.key == theirs.key
+
+
+def test_a_repeated_prompt_drafts_the_answer_the_cache_holds_after_it(cached, plain) -> None:
+    """A prompt asked again (a regenerate, a retry, a fork) drafts from the tail its first answer
+    stored after it (``PrefixMatch.continuation``): more of the answer is accepted than prompt
+    lookup alone finds (the cold server's), and the answer is the same."""
+    for n in (5, 140, 300):
+        prompt = random_tokens(n, seed=700 + n)
+        body = {"max_tokens": 48, **_no_eos(cached)}
+        first = cached.complete(prompt, **body)
+        cached.flush()
+        before = cached.engine.stats().accepted_tokens
+        again = cached.complete(prompt, **body)
+        reused = cached.engine.stats().accepted_tokens - before
+        before = plain.engine.stats().accepted_tokens
+        assert plain.complete(prompt, **body).key == again.key == first.key
+        alone = plain.engine.stats().accepted_tokens - before
+        # NOTE: of the answer's tokens in the tail of its first block (after the first, sampled at
+        # prefill), all are drafted but one a step (sampled from the last row), at most 4 steps
+        held = min(BLOCK_SIZE - 1 - n % BLOCK_SIZE, 47)
+        assert reused >= held - 4 and reused > alone, n
 
 
 def test_the_explanation_metrics_and_stats_count_drafts(cached) -> None:

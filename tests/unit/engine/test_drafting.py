@@ -74,3 +74,15 @@ def test_a_drafter_counts_its_drafts_and_respects_its_room() -> None:
     drafter.update(2, 1)
     drafter.update(0, 0)
     assert (drafter.drafted, drafter.accepted) == (2, 1)
+
+
+def test_a_continuation_is_drafted_while_the_answer_follows_it() -> None:
+    """What the cache held after the prompt is drafted token for token while the answer equals
+    it; once the answer leaves it, prompt lookup drafts instead, for good."""
+    drafter = Drafter([1, 2, 3, 9, 1, 2], continuation=[7, 8, 6, 5])
+    assert drafter.draft([], room=3) == [7, 8, 6]
+    assert drafter.draft([7, 8], room=8) == [6, 5]
+    assert drafter.draft([7, 8, 6, 5], room=8) == []  # past its end, and no n-gram recurs
+    other = Drafter([1, 2, 3, 9, 1, 2], continuation=[7, 8, 6, 5])
+    assert other.draft([7, 2, 3], room=2) == [9, 1]  # left it at token 1: prompt lookup
+    assert other.draft([7, 2, 3, 7, 8], room=2) == []
