@@ -1,7 +1,7 @@
 """The speculation promise, swept: greedy answers with speculation on equal those without it, on
 prompts of several kinds (prose, code, JSON, tool calls, eight languages), through the chat API of
-two ``kvproxy serve`` processes (one with ``--no-speculation``); prints the counts and, per kind,
-the drafted tokens accepted.
+two ``kvproxy serve`` processes (one with ``--no-speculation``); the counts and, per kind, the
+drafted tokens accepted, into the section "Speculation: the promise swept" of ``docs/benchmarks.md``.
 
     python -m bench.speculation_sweep            # 240 prompts, 128 tokens each
     python -m bench.speculation_sweep --per-kind 8 --max-tokens 64
@@ -13,13 +13,17 @@ import argparse
 import itertools
 import random
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.report import splice
 from bench.servers import running, serve
 
+ROOT = Path(__file__).resolve().parents[1]
+MARKERS = ("<!-- bench.speculation_sweep -->", "<!-- /bench.speculation_sweep -->")
 MODEL = "smollm2-135m-instruct"
 ON_PORT, OFF_PORT = 8641, 8642
 SUBJECTS = (
@@ -140,13 +144,23 @@ def main() -> None:
     )
     parser.add_argument("--per-kind", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvproxy-sweep-"))
     prefix = f"kvpsweep-{random.getrandbits(32):08x}:"
     on, off = f"http://127.0.0.1:{ON_PORT}", f"http://127.0.0.1:{OFF_PORT}"
     total = same = 0
-    print("| kind | prompts | equal | tokens | drafted | accepted |")
-    print("|---|---|---|---|---|---|")
+    lines = [
+        MARKERS[0],
+        f"## Speculation: the promise swept ({time.strftime('%Y-%m-%d')}, bench.speculation_sweep)",
+        "",
+        f"Greedy chat answers of up to {args.max_tokens} tokens from a server with speculation (the",
+        "default) and one with `--no-speculation`, both `--no-cache`, compared whole (text, tool calls",
+        "without their random ids, token count).",
+        "",
+        "| Kind | Prompts | Equal | Tokens | Drafted | Accepted |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     with (
         running(serve(ON_PORT, work / "on", prefix + "on:", "--no-cache")),
         running(serve(OFF_PORT, work / "off", prefix + "off:", "--no-cache", "--no-speculation")),
@@ -160,9 +174,12 @@ def main() -> None:
                 tokens += ours[2]
             drafted, accepted = (b - a for a, b in zip(before, drafts(on), strict=True))
             share = f"{accepted} ({accepted / drafted:.0%})" if drafted else "0"
-            print(f"| {kind} | {len(bodies)} | {equal} | {tokens} | {drafted} | {share} |")
+            lines.append(f"| {kind} | {len(bodies)} | {equal} | {tokens} | {drafted} | {share} |")
+            print(lines[-1], flush=True)
             total, same = total + len(bodies), same + equal
-    print(f"greedy answers with speculation == without: {same}/{total}")
+    lines += ["", f"Greedy answers with speculation equal to those without: {same} of {total}.", MARKERS[1]]
+    splice(Path(args.out), lines, MARKERS)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
