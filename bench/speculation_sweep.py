@@ -69,58 +69,50 @@ TOOLS = [
 ]
 
 
+PROSE = ("Write a short story about {}.", "Describe {} to a curious child.", "Write a short poem about {}.")
+JSON_ASKS = (
+    "Return a JSON object about {}, with keys name, facts (a list) and score.",
+    'Describe {} as JSON: {{"title": ..., "tags": [...], "rating": 1-5}}.',
+)
+CODE_TASKS = (
+    "reverses the words of a sentence", "counts the vowels in a string", "merges two sorted lists",
+    "checks whether a number is prime", "flattens a nested list", "parses a date in ISO format",
+    "computes a moving average", "finds duplicate files by size", "validates an e-mail address",
+    "reads a CSV file into dictionaries", "retries a function with backoff", "groups words by length",
+)  # fmt: skip
+CODE_ASKS = ("Write a Python function that {}, with a docstring.", "In JavaScript, write a function that {}.")
+TOOL_ASKS = (
+    "What's the weather in {} today?",
+    "Search my notes for anything about {}.",
+    "Is it raining in {}? Use Celsius.",
+    "Find my three latest notes mentioning {}.",
+)
+PLACES = (
+    "Paris", "Lima", "Oslo", "Kyoto", "Nairobi", "Quebec", "budgets", "the garden", "Mumbai", "Perth",
+    "Cairo", "Seoul",
+)  # fmt: skip
+
+
 def prompts(per_kind: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """``per_kind`` chat request bodies (without model and limits) of each kind."""
+    """``per_kind`` distinct chat request bodies (without model and limits) of each kind (at most
+    as many as its templates and subjects combine to: 48 or more each)."""
     rng = random.Random(seed)
-    subjects = itertools.cycle(rng.sample(SUBJECTS, len(SUBJECTS)))
-    languages = itertools.cycle(LANGUAGES.values())
+
+    def pick(templates: tuple[str, ...], subjects: tuple[str, ...]) -> list[str]:
+        combined = [t.format(x) for t, x in itertools.product(templates, subjects)]
+        return rng.sample(combined, min(per_kind, len(combined)))
 
     def user(text: str) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": text}]}
 
     return {
-        "prose": [user(f"Write a short story about {next(subjects)}.") for _ in range(per_kind)],
-        "code": [
-            user(f"Write a Python function that {task}, with a docstring and an example.")
-            for task in itertools.islice(
-                itertools.cycle(
-                    (
-                        "reverses the words of a sentence",
-                        "counts the vowels in a string",
-                        "merges two sorted lists",
-                        "checks whether a number is prime",
-                        "flattens a nested list",
-                        "parses a date in ISO format",
-                        "computes a moving average",
-                        "finds duplicate files by size",
-                    )
-                ),
-                per_kind,
-            )
-        ],
-        "json": [
-            user(f"Return a JSON object about {next(subjects)}, with keys name, facts (a list) and score.")
-            for _ in range(per_kind)
-        ],
+        "prose": [user(t) for t in pick(PROSE, SUBJECTS)],
+        "code": [user(t) for t in pick(CODE_ASKS, CODE_TASKS)],
+        "json": [user(t) for t in pick(JSON_ASKS, SUBJECTS)],
         "tool-calls": [
-            {
-                "messages": [{"role": "user", "content": question}],
-                "tools": TOOLS,
-            }
-            for question in itertools.islice(
-                itertools.cycle(
-                    (
-                        "What's the weather in {} today?",
-                        "Search my notes for anything about {}.",
-                        "Is it raining in {}? Use Celsius.",
-                        "Find my three latest notes mentioning {}.",
-                    )
-                ),
-                per_kind,
-            )
-            for question in [question.format(rng.choice(["Paris", "Lima", "Oslo", "Kyoto", "budgets"]))]
+            {"messages": [{"role": "user", "content": t}], "tools": TOOLS} for t in pick(TOOL_ASKS, PLACES)
         ],
-        "languages": [user(next(languages).format(next(subjects))) for _ in range(per_kind)],
+        "languages": [user(t) for t in pick(tuple(LANGUAGES.values()), SUBJECTS)],
     }
 
 
