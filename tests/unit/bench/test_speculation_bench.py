@@ -12,11 +12,9 @@ def test_every_kind_has_three_prompts_and_copies_start_in_the_prompt() -> None:
     kinds = workloads()
     assert set(kinds) == {"prose", *COPY_HEAVY}
     assert all(len(requests) == 3 for requests in kinds.values())
-    for name in COPY_HEAVY:
+    for name in ("rag-quote", "tool-args", "agent-echo"):  # code-edit's start has a name changed
         for prompt in kinds[name]:
-            assert isinstance(prompt, str)
-            started = prompt.rsplit("\n", 1)[-1].split('"')[-1].strip()
-            assert started and started in prompt[: -len(started)] or name == "code-edit", name
+            assert isinstance(prompt, str) and prompt[-20:] in prompt[:-20], name
 
 
 def test_the_sweep_covers_200_prompts_of_every_kind_and_eight_languages() -> None:
