@@ -256,23 +256,18 @@ class Runner:
         NOTE: stored first, so a client that sends its next turn the moment this one ends finds
         them (served from the writer's pending blocks until they are on disk).
         """
+        drafter = seq.drafter
+        drafts = (drafter.drafted, drafter.accepted) if drafter else (0, 0)
         if reason == "cancelled":
-            seq.handle.emit(Finished("cancelled", len(seq.generated)))
+            seq.handle.emit(Finished("cancelled", len(seq.generated), "", None, *drafts))
         else:
             if self.parts.cache is not None and seq.generated:
                 self._feed_last(seq)
             if seq.fed > seq.n:
                 sequence = seq.request.prompt_ids + tuple(seq.generated)
                 self.storer.answer(seq, sequence, seq.fed)
-            drafter = seq.drafter
-            finished = Finished(
-                reason,
-                len(seq.generated),
-                seq.text.finish(),
-                seq.text.stop_sequence,
-                drafter.drafted if drafter else 0,
-                drafter.accepted if drafter else 0,
-            )
+            text, stop = seq.text.finish(), seq.text.stop_sequence
+            finished = Finished(reason, len(seq.generated), text, stop, *drafts)
             seq.handle.emit(finished)
             if seq.audit is not None:
                 self.auditor.submit(seq.audit)

@@ -80,7 +80,7 @@ class SamplingFields(_Lenient):
     temperature: Real | None = Field(None, ge=0, le=2)
     top_p: Real | None = Field(None, gt=0, le=1)
     seed: StrictInt | None = None
-    stop: str | list[str] | None = Field(None, max_length=4)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None  # NOTE: at most 4 strings
     presence_penalty: Real | None = Field(None, ge=-2, le=2)
     frequency_penalty: Real | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, Annotated[Real, Field(ge=-100, le=100)]] | None = None

@@ -15,7 +15,7 @@ import pytest
 from engine.kernels.build import compiler
 from hashing import BLOCK_SIZE
 from tests.api import Api
-from tests.helpers import random_tokens
+from tests.helpers import random_tokens, wait_for
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="speculation needs the native step")
 
@@ -128,6 +128,26 @@ def test_a_repeated_prompt_drafts_the_answer_the_cache_holds_after_it(cached, pl
         # prefill), all are drafted but one a step (sampled from the last row), at most 4 steps
         held = min(BLOCK_SIZE - 1 - n % BLOCK_SIZE, 47)
         assert reused >= held - 4 and reused > alone, n
+
+
+def test_a_cancelled_answer_s_drafts_are_counted_on_stats_as_on_metrics(cached) -> None:
+    """A stream closed once a draft of it was accepted: its drafts count in ``/stats`` as in the
+    engine's own counters (``/metrics``)."""
+    body = {"model": "tiny", "prompt": _prompts()[3], "max_tokens": 400, "stream": True, **_no_eos(cached)}
+    with httpx.stream("POST", f"{cached.server.base_url}/v1/completions", json=body, timeout=60) as r:
+        for _ in r.iter_lines():
+            if cached.engine.stats().accepted_tokens > 0:  # closed once a draft was accepted
+                break
+    wait_for(lambda: cached.engine.idle, what="the cancelled answer to end")
+    stats = cached.engine.stats()
+    assert stats.draft_tokens > 0
+
+    def counted() -> bool:  # NOTE: the server records the end on its event loop, a moment later
+        process = httpx.get(f"{cached.server.base_url}/stats", timeout=30).json()["process"]
+        counts = stats.draft_tokens, stats.accepted_tokens
+        return (process["draft_tokens"], process["accepted_tokens"]) == counts
+
+    wait_for(counted, timeout_s=30, what="/stats to count the cancelled answer's drafts")
 
 
 def test_the_explanation_metrics_and_stats_count_drafts(cached) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from tests.helpers import random_tokens
 
@@ -117,6 +117,13 @@ def test_stop_strings_are_excluded(client) -> None:
         model="tiny", prompt="The quick brown", max_tokens=20, temperature=0, stop=[stop, "zzz"]
     )
     assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    longer = text[5:12]  # one string of any length (OpenAI's limit is on the list: 4 strings)
+    alone = client.completions.create(
+        model="tiny", prompt="The quick brown", max_tokens=20, temperature=0, stop=longer
+    )
+    assert alone.choices[0].text == text[: text.find(longer)] and alone.choices[0].finish_reason == "stop"
+    with pytest.raises(BadRequestError):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, stop=["a", "b", "c", "d", "e"])
 
 
 def test_echo_and_developer_role(client) -> None:
