@@ -31,6 +31,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,16 +148,11 @@ def main() -> None:
     if args.llama_python and args.gguf:
         llama = Client(f"http://127.0.0.1:{LLAMA_PORT}/v1", require_usage=False)
         gguf = Path(args.gguf)
-        servers["llama.cpp"] = (
-            lambda: serve_llama_cpp(LLAMA_PORT, args.llama_python, gguf),
-            llama,
-            "smollm2",
-        )
-        servers["llama.cpp prompt-lookup"] = (
-            lambda: serve_llama_cpp(LLAMA_PORT, args.llama_python, gguf, drafts=True),
-            llama,
-            "smollm2",
-        )
+        for peer, drafting in (("llama.cpp", False), ("llama.cpp prompt-lookup", True)):
+            for threads in (2, 1):
+                label = f"{peer}, {threads} thread{'s' if threads > 1 else ''}"
+                launch = partial(serve_llama_cpp, LLAMA_PORT, args.llama_python, gguf, threads, drafting)
+                servers[label] = (launch, llama, "smollm2")
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
     accepted: dict[str, list[int]] = {name: [0, 0] for name in prompts}
     for _ in range(args.rounds):
@@ -207,9 +203,12 @@ def report(runs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[int]]
     ours = rates["kvproxy"]
     targets: list[tuple[str, float, float]] = []  # (target, measured ratio, goal)
     for peer, prose, copy in (("llama.cpp", 1.5, 2.5), ("llama.cpp prompt-lookup", 1.0, 1.5)):
-        if peer not in rates:
+        variants = [rates[label] for label in rates if label.startswith(f"{peer}, ")]
+        if not variants:
             continue
-        theirs = rates[peer]
+        # NOTE: the peer at its best per kind: with 2 threads its server's rate on this machine
+        # swings 30-100 tok/s from one request to the next, with 1 it holds about 58
+        theirs = {name: max(v[name] for v in variants) for name in ours}
         targets.append((f"prose: kvproxy >= {prose} x {peer}", ours["prose"] / theirs["prose"], prose))
         worst = min(COPY_HEAVY, key=lambda n: ours[n] / theirs[n])
         targets.append(
@@ -225,8 +224,9 @@ def report(runs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[int]]
         "",
         "One stream, greedy, answers of up to 256 tokens, decode rate after the first token (medians",
         f"over {len(next(iter(runs.values())))} rounds x 3 prompts per kind); each server alone, rounds",
-        "alternating. llama-cpp-python's server on the same GGUF, `--n_threads 2`, RAM prompt cache,",
-        "without drafts and with `--draft_model prompt-lookup-decoding` (10 tokens). Copy-heavy",
+        "alternating. llama-cpp-python's server on the same GGUF, RAM prompt cache, `--n_threads` 2",
+        "and 1, without drafts and with `--draft_model prompt-lookup-decoding` (10 tokens); targets",
+        "against its faster thread count per kind. Copy-heavy",
         "prompts start the copy (see bench/speculation.py): a quoted document, code rewritten with a",
         "name changed, a JSON tool call echoing a text, a command's output repeated.",
         "",
@@ -244,7 +244,9 @@ def report(runs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[int]]
         share = f"{kept} of {drafted} ({kept / drafted:.0%})" if drafted else "none drafted"
         lines.append(row(name, [*(f"{rates[label][name]:.1f} tok/s" for label in rates), share]))
     lines.append("")
-    for a, b in (("kvproxy", "kvproxy --no-speculation"), ("llama.cpp prompt-lookup", "llama.cpp")):
+    pairs = [("kvproxy", "kvproxy --no-speculation")]
+    pairs += [(f"llama.cpp prompt-lookup, {n}", f"llama.cpp, {n}") for n in ("2 threads", "1 thread")]
+    for a, b in pairs:
         if a in runs and b in runs:
             same, total = same_answers(runs, a, b)
             lines.append(f"- Greedy answers of {a} equal to {b}'s: {same} of {total}.")

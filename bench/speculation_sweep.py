@@ -3,7 +3,7 @@ prompts of several kinds (prose, code, JSON, tool calls, eight languages), throu
 two ``kvproxy serve`` processes (one with ``--no-speculation``); the counts and, per kind, the
 drafted tokens accepted, into the section "Speculation: the promise swept" of ``docs/benchmarks.md``.
 
-    python -m bench.speculation_sweep            # 240 prompts, 128 tokens each
+    python -m bench.speculation_sweep            # 208 prompts, 128 tokens each
     python -m bench.speculation_sweep --per-kind 8 --max-tokens 64
 """
 
@@ -94,8 +94,8 @@ PLACES = (
 
 
 def prompts(per_kind: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """``per_kind`` distinct chat request bodies (without model and limits) of each kind (at most
-    as many as its templates and subjects combine to: 48 or more each)."""
+    """``per_kind`` distinct chat request bodies (without model and limits) of each kind, or as
+    many as its templates and subjects combine to (24 code tasks, 40 JSON asks; 208 for 48)."""
     rng = random.Random(seed)
 
     def pick(templates: tuple[str, ...], subjects: tuple[str, ...]) -> list[str]:

@@ -34,7 +34,8 @@ class PromptLookup:
     tokens (n from ``LONGEST_NGRAM`` down to ``SHORTEST_NGRAM``), the tokens that followed it.
 
     Copy-heavy answers (a document quoted, code rewritten with one change, tool output echoed, a
-    tool call repeating long arguments) draft well; prose rarely matches two tokens in a row.
+    tool call repeating long arguments) draft well; prose matches less often, and a small model's
+    prose that repeats its own phrases drafts them.
 
     Args:
         prompt: the prompt's token ids; ``draft`` is passed what was generated since.

@@ -36,8 +36,9 @@ def test_the_report_judges_each_target_on_its_worst_kind() -> None:
     runs = {
         "kvproxy": _runs(ours),
         "kvproxy --no-speculation": _runs(theirs),
-        "llama.cpp": _runs(theirs),
-        "llama.cpp prompt-lookup": _runs(theirs, text="b"),
+        "llama.cpp, 2 threads": _runs(theirs),
+        "llama.cpp, 1 thread": _runs(dict.fromkeys(ours, 50.0)),
+        "llama.cpp prompt-lookup, 2 threads": _runs(theirs, text="b"),
     }
     lines = report(runs, {name: [10, 7] for name in ours})
     text = "\n".join(lines)
@@ -45,4 +46,5 @@ def test_the_report_judges_each_target_on_its_worst_kind() -> None:
     assert "(worst: tool-args) | 2.40 x | no |" in text
     assert "7 of 10 (70%)" in text
     assert same_answers(runs, "kvproxy", "kvproxy --no-speculation") == (5, 5)
-    assert same_answers(runs, "llama.cpp prompt-lookup", "llama.cpp") == (0, 5)
+    assert same_answers(runs, "llama.cpp prompt-lookup, 2 threads", "llama.cpp, 2 threads") == (0, 5)
+    assert "equal to llama.cpp, 2 threads's: 0 of 5" in text
