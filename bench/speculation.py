@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from bench.client import Client
+from bench.engine_load import concurrent_speed
 from bench.report import splice
 from bench.report_engine import header, row
 from bench.servers import running, serve, serve_llama_cpp
@@ -132,7 +133,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the measurements here")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument(
+        "--streams", action="store_true", help="only aggregate speed at 1, 4 and 8 streams, on and off"
+    )
     args = parser.parse_args()
+    if args.streams:
+        lines = streams(args.rounds)
+        splice(Path(args.out), lines, STREAM_MARKERS)
+        print("\n".join(lines))
+        return
     prompts = workloads()
     work = Path(tempfile.mkdtemp(prefix="kvproxy-spec-"))
     prefix = f"kvpspec-{random.getrandbits(32):08x}:"
@@ -177,6 +186,36 @@ def main() -> None:
 
 
 MARKERS = ("<!-- bench.speculation -->", "<!-- /bench.speculation -->")
+STREAM_MARKERS = ("<!-- bench.speculation --streams -->", "<!-- /bench.speculation --streams -->")
+
+
+def streams(rounds: int) -> list[str]:
+    """Aggregate decode speed of 1, 4 and 8 concurrent streams (``bench.engine_load``: 64-token
+    answers to distinct short questions), kvproxy ``--max-batch 8`` with speculation and without,
+    medians of ``rounds`` (servers alternating): the section of ``docs/benchmarks.md``."""
+    work = Path(tempfile.mkdtemp(prefix="kvproxy-spec-streams-"))
+    speeds: dict[tuple[str, int], list[float]] = {}
+    for _ in range(rounds):
+        for label, flags in (("kvproxy", ()), ("kvproxy --no-speculation", ("--no-speculation",))):
+            key = f"kvpstreams-{random.getrandbits(32):08x}:"
+            with running(serve(KVPROXY_PORT, work / key, key, "--max-batch", "8", *flags)):
+                client = Client(f"http://127.0.0.1:{KVPROXY_PORT}/v1")
+                for n in (1, 4, 8):
+                    concurrent_speed(client, MODEL, n)  # NOTE: the prompts into the cache first
+                    speeds.setdefault((label, n), []).append(concurrent_speed(client, MODEL, n))
+    lines = [
+        STREAM_MARKERS[0],
+        f"### Speculation, concurrent streams ({time.strftime('%Y-%m-%d')}, bench.speculation --streams)",
+        "",
+        f"Aggregate tokens per second, medians of {rounds} rounds.",
+        "",
+        *header(["1 stream", "4 streams", "8 streams"]),
+    ]
+    for label in ("kvproxy", "kvproxy --no-speculation"):
+        lines.append(row(label, [f"{statistics.median(speeds[(label, n)]):.1f}" for n in (1, 4, 8)]))
+    return [*lines, STREAM_MARKERS[1]]
+
+
 COPY_HEAVY = ("rag-quote", "code-edit", "tool-args", "agent-echo")
 
 
