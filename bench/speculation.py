@@ -118,6 +118,7 @@ def measure(client: Client, model: str, prompts: dict[str, list[str | Messages]]
 
 
 def drafts(url: str) -> tuple[int, int]:
+    """The server's drafted and accepted tokens so far (its ``/stats``)."""
     process = httpx.get(f"{url}/stats", timeout=30).json()["process"]
     return process["draft_tokens"], process["accepted_tokens"]
 

@@ -21,6 +21,7 @@ import httpx
 
 from bench.report import splice
 from bench.servers import running, serve
+from bench.speculation import drafts
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKERS = ("<!-- bench.speculation_sweep -->", "<!-- /bench.speculation_sweep -->")
@@ -123,11 +124,6 @@ def answer(url: str, body: dict[str, Any], max_tokens: int) -> tuple[Any, ...]:
     message = reply["choices"][0]["message"]
     calls = [call["function"] for call in message.get("tool_calls") or []]
     return message.get("content"), calls, reply["usage"]["completion_tokens"]
-
-
-def drafts(url: str) -> tuple[int, int]:
-    process = httpx.get(f"{url}/stats", timeout=30).json()["process"]
-    return process["draft_tokens"], process["accepted_tokens"]
 
 
 def main() -> None:
