@@ -2,7 +2,7 @@
 (drafting, and ``--no-speculation``) against llama-cpp-python's server on the same GGUF without
 drafts and with its own prompt-lookup drafts (``--draft_model prompt-lookup-decoding``).
 
-Workloads (``workloads``; greedy, streamed, answers of up to ``MAX_TOKENS`` tokens):
+Workloads (``bench.workloads.copy_heavy``; greedy, streamed, answers of up to ``MAX_TOKENS`` tokens):
 
 - ``prose``: stories and explanations, nothing to copy;
 - ``rag-quote``: a document, and an answer that quotes it;
@@ -23,12 +23,10 @@ The section "Speculation" of ``docs/benchmarks.md`` is written from the run.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import random
 import statistics
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from functools import partial
@@ -42,64 +40,12 @@ from bench.engine_load import concurrent_speed
 from bench.report import splice
 from bench.report_engine import header, row
 from bench.servers import running, serve, serve_llama_cpp
-from bench.workloads import corpus, text
+from bench.workloads import Messages, copy_heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 MAX_TOKENS = 256
 KVPROXY_PORT, LLAMA_PORT = 8631, 8632
-Messages = list[dict[str, str]]
-
-
-def _user(content: str) -> Messages:
-    return [{"role": "user", "content": content}]
-
-
-def workloads(seed: int = 0) -> dict[str, list[str | Messages]]:
-    """Three prompts per kind (see the module docstring): chat messages for prose; for the
-    copy-heavy kinds, raw completion prompts that start the copy (a 135M model asked in a chat to
-    quote or echo mostly does something else), so the answer is the copy a larger model writes."""
-    rng, paragraphs = random.Random(seed), corpus()
-    docs = [text(rng, 250, paragraphs) for _ in range(3)]
-    sources = [inspect.getsource(f)[:1400] for f in (textwrap.dedent, textwrap.indent, json.dumps)]
-    listings = [
-        "\n".join(
-            f"-rw-r--r-- 1 dev dev {rng.randrange(200, 90000):>6} Nov {rng.randrange(1, 30):>2} 10:{i:02d} "
-            f"{rng.choice(['src', 'lib', 'test'])}/{rng.choice(['cache', 'index', 'store', 'route'])}_{i}.py"
-            for i in range(20)
-        )
-        for _ in range(3)
-    ]
-
-    def start(copied: str) -> str:
-        return copied[: copied.find(" ", 40) + 1]
-
-    return {
-        "prose": [
-            _user("Write a long story about a lighthouse keeper who finds a strange map."),
-            _user("Explain in detail how a bicycle stays upright, for a curious ten-year-old."),
-            _user("Write a warm letter to a friend describing a week spent hiking in the mountains."),
-        ],
-        "rag-quote": [
-            f"Document:\n{doc}\n\nQuestion: what does the document say, word for word?\n"
-            f'Answer: The document says: "{start(doc)}'
-            for doc in docs
-        ],
-        "code-edit": [
-            f"```python\n{src}```\n\nThe same code with `text` renamed to `source`:\n\n```python\n"
-            f"{start(src.replace('text', 'source'))}"
-            for src in sources
-        ],
-        "tool-args": [
-            f"Text:\n{doc[:700]}\n\nA call of the tool save_note with the text above:\n"
-            f'{{"name": "save_note", "arguments": {{"text": "{start(doc)}'
-            for doc in docs
-        ],
-        "agent-echo": [
-            f"$ ls -l src lib test\n{listing}\n$ git stash && ls -l src lib test\n{start(listing)}"
-            for listing in listings
-        ],
-    }
 
 
 def measure(client: Client, model: str, prompts: dict[str, list[str | Messages]]) -> dict[str, Any]:
@@ -143,7 +89,7 @@ def main() -> None:
         splice(Path(args.out), lines, STREAM_MARKERS)
         print("\n".join(lines))
         return
-    prompts = workloads()
+    prompts = copy_heavy()
     work = Path(tempfile.mkdtemp(prefix="kvproxy-spec-"))
     prefix = f"kvpspec-{random.getrandbits(32):08x}:"
     kv_url = f"http://127.0.0.1:{KVPROXY_PORT}"

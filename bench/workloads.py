@@ -8,7 +8,9 @@ turns run in order (a multi-turn chat needs the previous answer); ``bench.client
 from __future__ import annotations
 
 import inspect
+import json
 import random
+import textwrap
 from dataclasses import dataclass
 
 CHARS_PER_TOKEN = 4  # NOTE: only to size prompts; reported token counts come from usage
@@ -159,3 +161,57 @@ def workloads(names: list[str], seed: int, prefix_tokens: list[int], order: str)
         else:
             raise ValueError(f"unknown workload {name!r}")
     return out
+
+
+Messages = list[dict[str, str]]
+
+
+def _user(content: str) -> Messages:
+    return [{"role": "user", "content": content}]
+
+
+def copy_heavy(seed: int = 0) -> dict[str, list[str | Messages]]:
+    """Three prompts per kind, for ``bench.speculation`` (see its docstring): chat messages for prose; for the
+    copy-heavy kinds, raw completion prompts that start the copy (a 135M model asked in a chat to
+    quote or echo mostly does something else), so the answer is the copy a larger model writes."""
+    rng, paragraphs = random.Random(seed), corpus()
+    docs = [text(rng, 250, paragraphs) for _ in range(3)]
+    sources = [inspect.getsource(f)[:1400] for f in (textwrap.dedent, textwrap.indent, json.dumps)]
+    listings = [
+        "\n".join(
+            f"-rw-r--r-- 1 dev dev {rng.randrange(200, 90000):>6} Nov {rng.randrange(1, 30):>2} 10:{i:02d} "
+            f"{rng.choice(['src', 'lib', 'test'])}/{rng.choice(['cache', 'index', 'store', 'route'])}_{i}.py"
+            for i in range(20)
+        )
+        for _ in range(3)
+    ]
+
+    def start(copied: str) -> str:
+        return copied[: copied.find(" ", 40) + 1]
+
+    return {
+        "prose": [
+            _user("Write a long story about a lighthouse keeper who finds a strange map."),
+            _user("Explain in detail how a bicycle stays upright, for a curious ten-year-old."),
+            _user("Write a warm letter to a friend describing a week spent hiking in the mountains."),
+        ],
+        "rag-quote": [
+            f"Document:\n{doc}\n\nQuestion: what does the document say, word for word?\n"
+            f'Answer: The document says: "{start(doc)}'
+            for doc in docs
+        ],
+        "code-edit": [
+            f"```python\n{src}```\n\nThe same code with `text` renamed to `source`:\n\n```python\n"
+            f"{start(src.replace('text', 'source'))}"
+            for src in sources
+        ],
+        "tool-args": [
+            f"Text:\n{doc[:700]}\n\nA call of the tool save_note with the text above:\n"
+            f'{{"name": "save_note", "arguments": {{"text": "{start(doc)}'
+            for doc in docs
+        ],
+        "agent-echo": [
+            f"$ ls -l src lib test\n{listing}\n$ git stash && ls -l src lib test\n{start(listing)}"
+            for listing in listings
+        ],
+    }

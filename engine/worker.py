@@ -35,10 +35,11 @@ from engine.parts import ModelParts
 from engine.prefix_stage import PrefixLoader
 from engine.render_ahead import RenderAhead
 from engine.requests import Event, GenerationRequest, RequestHandle
-from engine.runner import EngineStats, Runner
+from engine.runner import Runner
 from engine.sampling import Sampler
 from engine.scheduler import Scheduler, Step
 from engine.sequence import Sequence
+from engine.stats import EngineStats
 from engine.text import TextStream
 from hashing import Namespace
 from store.interface import PrefixCache

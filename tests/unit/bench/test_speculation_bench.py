@@ -4,12 +4,13 @@ targets are judged on the worst copy-heavy kind."""
 
 from __future__ import annotations
 
-from bench.speculation import COPY_HEAVY, report, same_answers, workloads
+from bench.speculation import COPY_HEAVY, report, same_answers
 from bench.speculation_sweep import LANGUAGES, prompts
+from bench.workloads import copy_heavy
 
 
 def test_every_kind_has_three_prompts_and_copies_start_in_the_prompt() -> None:
-    kinds = workloads()
+    kinds = copy_heavy()
     assert set(kinds) == {"prose", *COPY_HEAVY}
     assert all(len(requests) == 3 for requests in kinds.values())
     for name in ("rag-quote", "tool-args", "agent-echo"):  # code-edit's start has a name changed
